@@ -60,7 +60,7 @@ def merge_schemas(table: StructType, incoming: StructType, table_name: str = "ta
 
     >>> from pyspark.sql.types import IntegerType, StringType, StructField
     >>> t = StructType([StructField("a", IntegerType())])
-    >>> merge_schemas(t, t.add("b", StringType())).fieldNames()
+    >>> merge_schemas(t, StructType(t.fields + [StructField("b", StringType())])).fieldNames()
     ['a', 'b']
     """
     existing = {f.name: f for f in table.fields}
