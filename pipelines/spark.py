@@ -26,6 +26,7 @@ BASE_CONF: dict[str, str] = {
     "spark.driver.memory": "4g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
+    "spark.ui.showConsoleProgress": "false",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import Schema as DeltaSchema
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 
 class SchemaMismatchError(ValueError):
@@ -53,10 +53,20 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def merge_schemas(table: StructType, incoming: StructType, table_name: str = "table") -> StructType | None:
-    """Return the evolved schema if `incoming` adds nullable columns, None if nothing changes.
+def as_nullable(schema: StructType) -> StructType:
+    """Every column nullable, as Spark's own file sinks write them (a batch's NOT NULL is incidental).
 
-    Raises SchemaMismatchError naming the column when a type changes or a new column is NOT NULL.
+    >>> from pyspark.sql.types import LongType, StructField
+    >>> as_nullable(StructType([StructField("n", LongType(), False)])).fields[0].nullable
+    True
+    """
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
+
+
+def merge_schemas(table: StructType, incoming: StructType, table_name: str = "table") -> StructType | None:
+    """Return the evolved schema if `incoming` adds columns (added as nullable), None if nothing changes.
+
+    Raises SchemaMismatchError naming the column when a column's type changes.
 
     >>> from pyspark.sql.types import IntegerType, StringType, StructField
     >>> t = StructType([StructField("a", IntegerType())])
@@ -68,10 +78,7 @@ def merge_schemas(table: StructType, incoming: StructType, table_name: str = "ta
     for field in incoming.fields:
         old = existing.get(field.name)
         if old is None:
-            if not field.nullable:
-                raise SchemaMismatchError(
-                    f"{table_name}: new column {field.name!r} is NOT NULL; only nullable columns can be added")
-            added.append(field)
+            added.append(StructField(field.name, field.dataType, True, field.metadata))
         elif _comparable(old.dataType) != _comparable(field.dataType):
             raise SchemaMismatchError(
                 f"{table_name}: column {field.name!r} has type {old.dataType.simpleString()} in the table "
