@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-import time
 
 from pipelines.home import Home
 
@@ -13,33 +13,112 @@ def _home_arg(parser: argparse.ArgumentParser) -> None:
                         help="home folder for landing/, tables/, checkpoints/ (default: $SECLAKE_HOME or ./seclake-home)")
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.lake.read import read_table
-    from pipelines.lake.sink import DeltaSink
+def _settings_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a stream setting, e.g. --set trigger_interval='5 seconds' (see pipelines/settings.py)")
+
+
+def _settings(args: argparse.Namespace):
+    from pipelines.settings import Settings
+
+    defaults = Settings()
+    overrides = {}
+    for item in args.overrides:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+        current = getattr(defaults, name, None)
+        overrides[name] = type(current)(value) if isinstance(current, int) else value
+    return defaults.with_overrides(overrides)
+
+
+def _lake(args: argparse.Namespace):
+    from pipelines.lake.registry import Lake
+
+    return Lake(Home.resolve(args.home).create())
+
+
+def cmd_run_once(args: argparse.Namespace) -> int:
+    from pipelines.jobs import run_once
     from pipelines.spark import get_spark
 
-    home = Home.resolve(args.home).create()
-    spark = get_spark(app_name="seclake-demo")
-    started = time.monotonic()
-    frame = spark.range(1000).selectExpr("id", "current_timestamp() AS ingest_time", "current_date() AS event_date")
-    result = DeltaSink(home.table("demo"), app_id="demo", partition_by=["event_date"]).write_batch(frame, 0)
-    rows = read_table(spark, home.table("demo")).count()
-    print(f"home {home.root}: table demo version {result.version}, {rows} rows read back "
-          f"({time.monotonic() - started:.1f}s)")
+    lake = _lake(args)
+    spark = get_spark(app_name="seclake-run-once")
+    print(f"seclake run-once: home {lake.home.root}", file=sys.stderr)
+    reports = run_once(spark, lake, _settings(args), only=args.only or None,
+                       on_report=lambda r: print(r.line(), flush=True))
+    return 1 if any(r.error for r in reports) else 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from pipelines.jobs import stream
+    from pipelines.spark import get_spark
+
+    lake = _lake(args)
+    spark = get_spark(app_name="seclake-stream")
+    settings = _settings(args)
+    print(f"seclake stream: home {lake.home.root}, trigger every {settings.trigger_interval}; Ctrl-C to stop",
+          file=sys.stderr)
+    reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
+                     report_every=args.report_every)
+    for r in reports:
+        print(r.line())
+    print("seclake stream: stopped cleanly", file=sys.stderr)
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from sample_data.generator import run
+
+    return run(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.demo import run_demo
+
+    return run_demo(Home.resolve(args.home), hours=args.hours, hosts=args.hosts, seed=args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seclake", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the main job end to end on generated sample data")
+    parser = argparse.ArgumentParser(prog="seclake", description="Security-log lakehouse on Spark and Delta")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress of every micro-batch")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="generate a sample day, run the whole pipeline once, print a summary")
     _home_arg(demo)
+    demo.add_argument("--hours", type=float, default=24)
+    demo.add_argument("--hosts", type=int, default=50)
+    demo.add_argument("--seed", type=int, default=7)
     demo.set_defaults(func=cmd_demo)
+
+    from sample_data.generator import add_arguments as add_generate_arguments
+
+    generate = sub.add_parser("generate", help="write realistic Zeek/Suricata logs with labelled attacks")
+    add_generate_arguments(generate)
+    generate.set_defaults(func=cmd_generate)
+
+    run_once = sub.add_parser("run-once", help="process everything in landing/ once (Trigger.AvailableNow) and stop")
+    _home_arg(run_once)
+    _settings_arg(run_once)
+    run_once.add_argument("--only", action="append", help="run only this stage (repeatable)")
+    run_once.set_defaults(func=cmd_run_once)
+
+    stream = sub.add_parser("stream", help="run every query continuously until Ctrl-C/SIGTERM")
+    _home_arg(stream)
+    _settings_arg(stream)
+    stream.add_argument("--report-every", type=float, default=60.0, help="seconds between progress lines")
+    stream.set_defaults(func=cmd_stream)
+
+    from pipelines.sql import add_commands as add_sql_commands
+
+    add_sql_commands(sub, _home_arg)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:

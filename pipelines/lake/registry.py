@@ -24,15 +24,32 @@ class TableSpec:
     partition_by: tuple[str, ...] = ()
 
 
+_DESCRIPTIONS = {
+    "silver_dns": "DNS queries and answers from Zeek dns.log and Suricata EVE dns, typed and de-duplicated",
+    "silver_dhcp": "DHCP messages from Zeek dhcp.log and Suricata EVE dhcp",
+    "silver_conn": "connections from Zeek conn.log and Suricata EVE flow, with Community ID",
+    "silver_ids_alerts": "Suricata EVE alerts, with Community ID to join Zeek conn",
+}
+
+
+def _specs() -> dict[str, TableSpec]:
+    from pipelines import schemas
+
+    specs = [
+        TableSpec(f"bronze_{source}", "bronze", f"every data line from {source} sensors, raw, with file and line",
+                  schemas.BRONZE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["bronze"]))
+        for source in schemas.SOURCES
+    ]
+    specs.append(TableSpec("quarantine", "bronze", "lines that could not be parsed, with the reason",
+                           schemas.QUARANTINE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["quarantine"])))
+    specs += [
+        TableSpec(name, "silver", _DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
+        for name, schema in schemas.SILVER_SCHEMAS.items()
+    ]
+    return {spec.name: spec for spec in specs}
+
+
 TABLES: dict[str, TableSpec] = {}
-
-
-def register(spec: TableSpec) -> TableSpec:
-    """Add a table to the registry (each module that owns a table registers it at import)."""
-    if spec.name in TABLES and TABLES[spec.name] != spec:
-        raise ValueError(f"table {spec.name!r} is registered twice with different specs")
-    TABLES[spec.name] = spec
-    return spec
 
 
 class Lake:
@@ -76,6 +93,6 @@ class Lake:
 
 
 def _load_all() -> None:
-    # Table-owning modules register their specs on import; importing them here keeps the
-    # registry complete for callers that only import the registry.
-    import pipelines.schemas  # noqa: F401
+    # Deferred so that importing the registry stays cheap and free of import cycles.
+    if not TABLES:
+        TABLES.update(_specs())

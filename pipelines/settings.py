@@ -1,0 +1,37 @@
+"""Stream settings with their defaults and the reasons for them; one object passed to every job."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs shared by the ETL, attribution and rule queries.
+
+    >>> Settings().with_overrides({"trigger_interval": "5 seconds"}).trigger_interval
+    '5 seconds'
+    """
+
+    # Processing-time trigger of `seclake stream`: Zeek rotates hourly and Suricata flushes
+    # every few seconds, so 10 s keeps alert latency low without spinning on empty batches.
+    trigger_interval: str = "10 seconds"
+    # Bounds one micro-batch of landing files so a backlog is eaten in steps that fit in memory.
+    max_files_per_trigger: int = 50
+    # Duplicated sensor lines arrive within minutes of the original; an hour also covers a file
+    # that is re-shipped after an hourly rotation.
+    dedup_window: str = "1 hour"
+    # Events may trail the DHCP log by a rotation period (1 h files) plus shipping delay.
+    event_watermark: str = "2 hours"
+    lease_watermark: str = "2 hours"
+    # A lease is searched at most this far before an event: longest DHCP lease we expect (1 day).
+    max_lease_age: str = "24 hours"
+    # delta-rs writes a log checkpoint every N commits so opening a table stays flat.
+    checkpoint_interval: int = 100
+
+    def with_overrides(self, overrides: dict[str, object]) -> "Settings":
+        """A copy with `overrides` applied; unknown names are a ValueError naming them."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
+        return replace(self, **overrides)
