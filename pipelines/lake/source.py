@@ -61,7 +61,6 @@ ARROW_BATCH_ROWS = 64 * 1024
 # Reader features whose files this source cannot read correctly (DESIGN.md: detect and fail).
 UNSUPPORTED_FEATURES = ("deletionVectors", "columnMapping")
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -175,9 +174,14 @@ class DeltaStreamSource(DataSource):
 
     def schema(self) -> StructType:
         table = open_table(self.path)
-        if isinstance(self.starting_version, int) and self.starting_version > table.version():
-            raise ValueError(f"startingVersion {self.starting_version} is after the latest version "
-                             f"{table.version()} of {self.path!r}")
+        if isinstance(self.starting_version, int):
+            if self.starting_version > table.version():
+                raise ValueError(f"startingVersion {self.starting_version} is after the latest version "
+                                 f"{table.version()} of {self.path!r}")
+            kept = _commit_versions(Path(self.path) / "_delta_log")
+            if self.starting_version not in kept:
+                raise ValueError(f"startingVersion {self.starting_version}: that commit of {self.path!r} was "
+                                 f"removed by log cleanup; the oldest commit in the log is {min(kept)}")
         return delta_to_spark(table.schema())
 
     def streamReader(self, schema: StructType) -> "DeltaStreamReader":
@@ -276,11 +280,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _latest_version(self) -> int:
         if self._latest is None:
-            versions = [int(m.group(1)) for name in os.listdir(self._log)
-                        if (m := _COMMIT_FILE.match(name) or _CHECKPOINT_FILE.match(name))]
-            if not versions:
-                raise ValueError(f"no Delta table at {self.path!r} (no commits in _delta_log)")
-            self._latest = max(versions)
+            self._latest = max(_commit_versions(self._log))
         # Commit files appear atomically and in order, so probing forward finds new ones
         # without listing a log that grows by one file per sink batch.
         while self._commit_file(self._latest + 1).exists():
@@ -389,6 +389,11 @@ def _read_file(data_file: DataFile, target: pa.Schema) -> Iterator[pa.RecordBatc
             else:  # a column added to the table after this file was written
                 arrays.append(pa.nulls(rows, field.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _commit_versions(log: Path) -> set[int]:
+    """Versions whose commit file is in the log (a table always keeps its latest one)."""
+    return {int(m.group(1)) for name in os.listdir(log) if (m := _COMMIT_FILE.match(name))}
 
 
 def _parse_partition_value(value: str | None, arrow_type: pa.DataType) -> Any:

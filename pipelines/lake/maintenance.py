@@ -1,0 +1,85 @@
+"""Table maintenance through delta-rs: compaction, vacuum, log checkpoints.
+
+All three are safe while a sink writes and a `seclake_delta` stream reads the table:
+compaction commits with `dataChange: false` (streams skip it), vacuum keeps every file
+younger than the retention, and a checkpoint only adds a file to the log.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from deltalake import DeltaTable
+
+from pipelines.lake.source import table_root
+
+DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # one Spark read task's worth (spark.sql.files.maxPartitionBytes)
+
+
+def compact(path: str | os.PathLike, target_size: int = DEFAULT_TARGET_SIZE) -> dict[str, Any]:
+    """Rewrite the table's small files into files of about `target_size` bytes.
+
+    Returns delta-rs's metrics (`numFilesAdded`, `numFilesRemoved`, `filesAdded` and
+    `filesRemoved` as size summaries, ...). The rewritten rows are committed with
+    `dataChange: false`, so streams reading the table do not see them again. The replaced
+    files stay on disk until `vacuum` removes them after the retention.
+
+    >>> compact(home.table("silver_dns"))["numFilesRemoved"]
+    96
+    """
+    if target_size <= 0:
+        raise ValueError(f"target_size must be a positive number of bytes, not {target_size!r}")
+    metrics = _table(path).optimize.compact(target_size=target_size)
+    # delta-rs reports the two size summaries as JSON text.
+    return {key: json.loads(value) if key in ("filesAdded", "filesRemoved") else value
+            for key, value in metrics.items()}
+
+
+def vacuum(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = False) -> list[str]:
+    """Delete files the table no longer needs that are older than `retention_hours`;
+    return their paths, relative to the table (only list them if `dry_run`).
+
+    Two kinds go: files compaction replaced (removed from the log longer ago than the
+    retention), and orphans that no commit references, such as the Parquet files of a sink
+    batch that crashed before committing (judged by their modification time). Files whose
+    names start with `_` or `.` are kept. Keep the retention above the longest micro-batch
+    (a batch's files are orphans until its commit) and above the longest a stream may lag
+    behind the table (it still reads the files compaction replaced).
+
+    >>> vacuum(home.table("silver_dns"), dry_run=True)
+    ['event_date=2024-05-01/part-00000-3f2c...-c000.snappy.parquet']
+    """
+    if retention_hours < 0:
+        raise ValueError(f"retention_hours must be >= 0, not {retention_hours!r}")
+    # full=True: without it delta-rs only considers files removed through the log and never
+    # finds orphans. The retention asked for here is the safety margin, so delta-rs's own
+    # minimum (delta.deletedFileRetentionDuration) does not override it.
+    return _table(path).vacuum(retention_hours=retention_hours, dry_run=dry_run,
+                               enforce_retention_duration=False, full=True)
+
+
+def checkpoint(path: str | os.PathLike, cleanup: bool = False) -> int:
+    """Write a Parquet checkpoint of the log at the current version and return that version.
+
+    Opening a table then reads the checkpoint and the commits after it instead of every
+    commit since the table was created. With `cleanup`, also delete the commit files
+    older than `delta.logRetentionDuration` (30 days unless the table sets it) that the
+    checkpoint made unnecessary; a stream further behind than that fails with a message
+    saying so, and time travel to those versions is no longer possible.
+
+    >>> checkpoint(home.table("silver_dns"), cleanup=True)
+    1440
+    """
+    table = _table(path)
+    table.create_checkpoint()
+    if cleanup:
+        table.cleanup_metadata()
+    return table.version()
+
+
+def _table(path: str | os.PathLike) -> DeltaTable:
+    root = str(table_root(path))
+    if not DeltaTable.is_deltatable(root):
+        raise ValueError(f"no Delta table at {root!r}")
+    return DeltaTable(root)
