@@ -5,7 +5,11 @@ import os
 import shutil
 import subprocess
 
+from pathlib import Path
+
 from pyspark.sql import SparkSession
+
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 # Why each setting: timestamps must be TIMESTAMP_MICROS or delta-rs marks tables as needing
 # the timestampNanos reader feature (DESIGN.md); 2 cores gain nothing from 200 shuffle
@@ -62,6 +66,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     check_java()
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
+    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
     settings.update(conf or {})
     master = settings.pop("spark.master", None) or master or os.environ.get("SECLAKE_SPARK_MASTER") or "local[*]"
     builder = SparkSession.builder.master(master).appName(app_name)
