@@ -73,6 +73,30 @@ def test_each_row_exactly_once_across_restarts(spark, tmp_path):
     assert len(everything) == len(set(everything)) == 30
 
 
+def test_a_batch_that_failed_is_replayed_with_the_same_files(spark, tmp_path):
+    table, checkpoint = tmp_path / "t", tmp_path / "ck"
+    append(table, events(0, 3, 1), events(3, 3, 2), events(6, 3, 3))
+    handled: list[int] = []
+
+    def fail_on_second_batch(df, batch_id):
+        rows = df.collect()
+        if batch_id == 1:
+            raise RuntimeError("sink down")
+        handled.extend(r.id for r in rows)
+
+    def run(handler):
+        query = (read_stream(spark, table, max_files=1).writeStream.trigger(availableNow=True)
+                 .option("checkpointLocation", str(checkpoint)).foreachBatch(handler).start())
+        query.awaitTermination(120)
+
+    with pytest.raises(StreamingQueryException, match="sink down"):
+        run(fail_on_second_batch)
+    assert len(handled) == 3
+    run(lambda df, _: handled.extend(r.id for r in df.collect()))
+
+    assert sorted(handled) == list(range(9))
+
+
 def test_read_limit_splits_one_commit_into_batches(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
     append(table, events(0, 2, 1))
