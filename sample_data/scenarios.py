@@ -33,7 +33,7 @@ SCENARIOS = (
 EXFIL_QUERIES = 320            # queries in the exfiltration window
 EXFIL_WINDOW = 10 * MIN        # ... of this length (shorter only if the whole run is < 2 h)
 EXFIL_LABELS = (50, 63)        # two data labels per name, base32, lengths in this range
-TUNNEL_INTERVAL = 3 * US       # one TXT/NULL query every 3 s +- 1 s
+TUNNEL_INTERVAL = 5 * US       # one TXT/NULL query every 5 s +- 1 s
 TUNNEL_WINDOW = 20 * MIN
 TUNNEL_LABEL = (56, 63)        # first label: hex, length in this range; second label 20-40
 DGA_BURSTS = 3
@@ -230,7 +230,7 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
                 t += TUNNEL_INTERVAL + rng.randrange(-US, US)
             inc.host_ip = ip
             inc.details = {"domain": domain, "queries": n, "qtypes": ["TXT", "NULL"],
-                           "interval_s": 3, "first_label_len": list(TUNNEL_LABEL)}
+                           "interval_s": 5, "first_label_len": list(TUNNEL_LABEL)}
         elif s == "dns_exfiltration":
             apex = f"{_word(rng, org)}-{rng.choice(('sync', 'cdn', 'metrics', 'telemetry'))}.{rng.choice(('com', 'net', 'io'))}"
             ip = plan.ip_at(d.idx, inc.start)
