@@ -278,8 +278,9 @@ def generate(
 
     manifest = {
         "generator": "seclake sample_data", "format_version": 1,
-        "params": {"hours": hours, "hosts": hosts, "seed": seed, "start": iso(start_us),
-                   "end": iso(start_us + W), "zeek_format": zeek_format, **rates, "rate": rate},
+        "params": {"hours": float(hours), "hosts": hosts, "seed": seed, "start": iso(start_us),
+                   "end": iso(start_us + W), "zeek_format": zeek_format,
+                   **{k: float(v) for k, v in rates.items()}, "rate": None if rate is None else float(rate)},
         "events": _zero(), "duplicates": _zero(), "malformed": _zero(), "out_of_order": _zero(),
         "late": _zero(), "lines": _zero(),
         "totals": {"events": 0, "duplicates": 0, "malformed": 0, "lines": 0, "files": 0, "late_files": 0},
