@@ -21,12 +21,14 @@ See docs/sample-data.md for the formats, the scenarios and the signals they leav
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -289,7 +291,7 @@ def generate(
         "files": [],
     }
     gt: list[dict] = []
-    state = {"mtime": None, "events_written": 0, "t0": time.monotonic()}
+    state = {"mtime": None, "events_written": 0, "t0": time.monotonic(), "out": out}
     prev_ips: dict[str, str] | None = None
     window = 0
     S, E = start_us, start_us + W
@@ -469,7 +471,31 @@ def _deliver(job, manifest: dict, state: dict, rate: float | None) -> None:
         delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    state["mtime"] = write_atomic(path, data, state["mtime"])
+    with _deferred_interrupt(rate is not None):
+        state["mtime"] = write_atomic(path, data, state["mtime"])
+        _count(entry, stats, ev_count, manifest, state)
+    if rate is not None and manifest["totals"]["files"] % 4 == 0:
+        write_atomic(state["out"] / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+
+
+@contextlib.contextmanager
+def _deferred_interrupt(active: bool):
+    """Hold back Ctrl-C while a file is renamed into place and counted, so the manifest
+    always describes exactly the files that exist; the interrupt is raised right after."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: hit.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit:
+        raise KeyboardInterrupt
+
+
+def _count(entry: dict, stats: dict, ev_count: int, manifest: dict, state: dict) -> None:
     sensor = entry["sensor"]
     for kind, s in stats.items():
         for key in ("events", "duplicates", "malformed", "out_of_order"):
@@ -485,8 +511,6 @@ def _deliver(job, manifest: dict, state: dict, rate: float | None) -> None:
     manifest["totals"]["late_files"] += int(entry["late"])
     manifest["files"].append(entry)
     state["events_written"] += ev_count
-    if rate is not None and manifest["totals"]["files"] % 4 == 0:
-        write_atomic(path.parent.parent.parent / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:
