@@ -5,6 +5,7 @@ import datetime as dt
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -38,14 +39,21 @@ def append(table: Path, *parts: pa.Table) -> None:
     write_deltalake(str(table), pa.concat_tables(parts), partition_by=["event_date"], mode="append")
 
 
-def run_available_now(spark, table: Path, checkpoint: Path, **options) -> tuple[list[list], list[int]]:
+def run_available_now(spark, table: Path, checkpoint: Path, on_batch: Callable[[int], None] | None = None,
+                      **options) -> tuple[list[list], list[int]]:
     """Run the stream to the end of what is there now; return each batch's rows and the
-    numInputRows Spark reported per batch."""
+    numInputRows Spark reported per batch. `on_batch(batch_id)` runs after each batch."""
     batches: list[list] = []
+
+    def handle(df, batch_id):
+        batches.append(df.collect())  # one action per batch keeps numInputRows exact
+        if on_batch:
+            on_batch(batch_id)
+
     query = (read_stream(spark, table, **options).writeStream
              .trigger(availableNow=True)
              .option("checkpointLocation", str(checkpoint))
-             .foreachBatch(lambda df, _: batches.append(df.collect()))  # one action: counts stay exact
+             .foreachBatch(handle)
              .start())
     query.awaitTermination(120)
     return batches, [p["numInputRows"] for p in query.recentProgress]
@@ -97,17 +105,22 @@ def test_a_batch_that_failed_is_replayed_with_the_same_files(spark, tmp_path):
     assert sorted(handled) == list(range(9))
 
 
-def test_read_limit_splits_one_commit_into_batches(spark, tmp_path):
+def test_read_limit_splits_one_commit_and_available_now_stops_at_its_start(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
     append(table, events(0, 2, 1))
     run_available_now(spark, table, checkpoint)
     append(table, events(100, 3, 2), events(200, 5, 3), events(300, 7, 4))  # one commit, 3 files
 
-    batches, progress = run_available_now(spark, table, checkpoint, max_files=1)
+    def commit_while_running(batch_id):
+        if batch_id == 1:
+            append(table, events(900, 1, 5))
+    batches, progress = run_available_now(spark, table, checkpoint, on_batch=commit_while_running, max_files=1)
+    later, _ = run_available_now(spark, table, checkpoint, max_files=1)
 
     assert sorted(n for n in progress if n) == [3, 5, 7]
     assert [len({r.event_date for r in rows}) for rows in batches if rows] == [1, 1, 1]
     assert sorted(ids(batches)) == [*range(100, 103), *range(200, 205), *range(300, 307)]
+    assert ids(later) == [900]
 
 
 def test_byte_limit_admits_at_least_one_file(spark, tmp_path):

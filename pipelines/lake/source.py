@@ -117,16 +117,20 @@ def table_root(path: str | os.PathLike) -> Path:
     parsed = urlparse(text)
     if parsed.scheme == "file":
         text = unquote(parsed.path)
-    elif parsed.scheme and len(parsed.scheme) > 1:  # one letter is a Windows drive
-        raise ValueError(f"seclake_delta reads local tables only, not {text!r}")
+    elif parsed.scheme:
+        raise ValueError(f"seclake reads tables on the local file system only, not {text!r}")
     return Path(text).expanduser().resolve()
 
 
 def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTable:
-    """Open the Delta table at `path`, or raise a ValueError naming the path.
+    """Open the Delta table at `path` (at `version`, else the latest) if seclake can read its
+    files as plain Parquet; otherwise raise a ValueError naming the path.
 
     A table that does not exist yet is an error rather than an empty stream: its schema is
     unknown until the first commit, so run the job that creates it first.
+
+    >>> open_table(home.table("silver_dns")).version()
+    1440
     """
     root = table_root(path)
     if not DeltaTable.is_deltatable(str(root)):
@@ -134,18 +138,13 @@ def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTabl
         raise ValueError(f"no Delta table at {str(root)!r} ({reason}); "
                          "create the table (run its upstream job once) before streaming from it")
     table = DeltaTable(str(root), version=version)
-    check_readable(table, str(root))
-    return table
-
-
-def check_readable(table: DeltaTable, where: str) -> None:
-    """Raise ValueError if the table uses a feature whose files plain Parquet reads get wrong."""
-    features = set(table.protocol().reader_features or ())
-    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    bad = sorted(features.intersection(UNSUPPORTED_FEATURES)) + (["columnMapping"] if mode != "none" else [])
-    if bad:
-        raise ValueError(f"Delta table {where!r} uses {', '.join(sorted(set(bad)))}, "
+    unsupported = set(table.protocol().reader_features or ()).intersection(UNSUPPORTED_FEATURES)
+    if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+        unsupported.add("columnMapping")
+    if unsupported:
+        raise ValueError(f"Delta table {str(root)!r} uses {', '.join(sorted(unsupported))}, "
                          "which seclake's Parquet-based readers do not support")
+    return table
 
 
 class DeltaStreamSource(DataSource):
