@@ -1,0 +1,533 @@
+"""Event-time attribution: which device held an IP address when an event happened.
+
+Four streaming queries, each with its own checkpoint (rules and edge cases: docs/attribution.md):
+
+- `dhcp_leases` (`checkpoints/dhcp_leases`): silver_dhcp -> lease segments. A stateful processor
+  per IP buffers DHCP messages until the watermark passes them, replays them in event-time
+  order and emits non-overlapping segments [valid_from, valid_to) that are final when emitted.
+- `enriched_conn`, `enriched_dns`, `enriched_ids_alerts` (`checkpoints/enriched_<kind>`):
+  silver_<kind> LEFT OUTER stream-stream join dhcp_leases on IP and event time, then a
+  stream-static join with the device inventory `<home>/reference/devices.csv`.
+
+Each query writes its table through an exactly-once `DeltaSink` in `foreachBatch` and records
+the rows its watermark dropped in `late_events`.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+from pipelines.lake.registry import Lake
+from pipelines.lake.sink import CommitResult
+from pipelines.lake.source import read_stream
+from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.jobs import RunningQuery
+
+log = logging.getLogger("seclake")
+
+LEASES = "dhcp_leases"
+LATE_EVENTS = "late_events"
+# enriched table -> the silver table it attributes.
+ENRICHED_INPUTS: dict[str, str] = {"enriched_conn": "silver_conn", "enriched_dns": "silver_dns",
+                                   "enriched_ids_alerts": "silver_ids_alerts"}
+INVENTORY_FILE = "devices.csv"
+
+# An ACK without a lease time (option 51 missing, or a sensor that drops it) still says who got
+# the address; one hour is the shortest lease common in practice (guest Wi-Fi), so a device that
+# silently left is not blamed for long.
+DEFAULT_LEASE_SECONDS = 3600.0
+
+# Addresses DHCP hands out: RFC 1918, carrier-grade NAT, IPv6 unique-local. An alert's internal
+# side is the one in these ranges (scans come from outside, beacons go out).
+INTERNAL_IP_PATTERN = r"^(10\.|192\.168\.|172\.(1[6-9]|2[0-9]|3[01])\.|100\.(6[4-9]|[7-9][0-9]|1[01][0-9]|12[0-7])\.|f[cd])"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lease segments: the per-IP state machine (plain Python, also used directly by the tests)
+
+@dataclass(frozen=True)
+class Message:
+    """A DHCP message that can move a lease; times in epoch milliseconds."""
+
+    ts: int
+    event_id: str
+    kind: str            # "ack" | "release" | "decline"
+    mac: str
+    hostname: str | None = None
+    lease_time: float | None = None   # seconds, ACK only
+    renewal: bool = False             # ACK to a client that already used the address (ciaddr set)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """[valid_from, valid_to) during which `mac` held `ip`; final once emitted."""
+
+    ip: str
+    mac: str
+    hostname: str | None
+    valid_from: int
+    valid_to: int
+    lease_time: float | None
+    start_reason: str
+    end_reason: str
+
+
+@dataclass
+class OpenLease:
+    mac: str
+    hostname: str | None
+    valid_from: int
+    expires: int
+    lease_time: float | None
+    start_reason: str
+
+
+@dataclass
+class IpLeases:
+    """Who holds one IP: the open lease and where the last segment ended.
+
+    `advance(messages, until)` applies messages (ts <= until) in event-time order and closes
+    what expires up to `until`; it returns the segments that closed. Segments never overlap and
+    are at most `segment_ms` long (a longer lease is cut into pieces), which bounds join state.
+
+    >>> book = IpLeases("10.0.0.5", segment_ms=3_600_000)
+    >>> [s.end_reason for s in book.advance([Message(0, "e1", "ack", "aa", lease_time=600.0)], until=10**7)]
+    ['expire']
+    """
+
+    ip: str
+    segment_ms: int
+    default_lease_ms: int = int(DEFAULT_LEASE_SECONDS * 1000)
+    open: OpenLease | None = None
+    last_end: int | None = None
+    _out: list[Segment] = field(default_factory=list, repr=False)
+
+    def advance(self, messages: list[Message], until: int) -> list[Segment]:
+        self._out = []
+        for m in sorted(messages, key=lambda m: (m.ts, m.event_id)):
+            if m.ts > until:
+                raise ValueError(f"message at {m.ts} is after the point to advance to ({until})")
+            self._close_due(m.ts)
+            self._apply(m)
+        self._close_due(until)
+        return self._out
+
+    def next_boundary(self) -> int | None:
+        """When the open lease next expires or is cut; None when nothing is open."""
+        if self.open is None:
+            return None
+        return min(self.open.expires, self.open.valid_from + self.segment_ms)
+
+    def _close_due(self, now: int) -> None:
+        while self.open is not None and self.next_boundary() <= now:
+            boundary = self.next_boundary()
+            if boundary == self.open.expires:
+                self._close(boundary, "expire")
+            else:
+                self._emit(self.open, boundary, "split")
+                self.open = replace(self.open, valid_from=boundary, start_reason="split")
+
+    def _apply(self, m: Message) -> None:
+        held = self.open
+        if m.kind in ("release", "decline"):
+            # Only the holder gives an address back; a stray or spoofed RELEASE changes nothing.
+            if held is not None and held.mac == m.mac:
+                self._close(m.ts, m.kind)
+            return
+        lease_ms = int(m.lease_time * 1000) if m.lease_time and m.lease_time > 0 else self.default_lease_ms
+        hostname = m.hostname
+        if held is not None and held.mac == m.mac:
+            start = "renew"
+            hostname = hostname or held.hostname
+            self._close(m.ts, "renew")
+        elif held is not None:
+            start = "ack"
+            self._close(m.ts, "reassigned")
+        else:
+            start = "ack"
+            if m.renewal:
+                # A client renewing an address already held it before this ACK (RFC 2131: it is
+                # BOUND), at most one lease time ago. Cap at one segment so segments reach the join
+                # in valid_to order, and never reach back over someone else's segment.
+                since = m.ts - min(lease_ms, self.segment_ms)
+                if self.last_end is not None:
+                    since = max(since, self.last_end)
+                if since < m.ts:
+                    self._emit(OpenLease(m.mac, hostname, since, m.ts, m.lease_time, "backfill"), m.ts, "renew")
+                start = "renew"
+        self.open = OpenLease(m.mac, hostname, m.ts, m.ts + lease_ms, m.lease_time, start)
+
+    def _close(self, at: int, reason: str) -> None:
+        self._emit(self.open, at, reason)
+        self.open = None
+        self.last_end = at
+
+    def _emit(self, lease: OpenLease, end: int, reason: str) -> None:
+        self.last_end = end
+        if end > lease.valid_from:  # two ACKs in the same millisecond: the later one wins, nothing to emit
+            self._out.append(Segment(self.ip, lease.mac, lease.hostname, lease.valid_from, end,
+                                     lease.lease_time, lease.start_reason, reason))
+
+
+# ---------------------------------------------------------------------------------------------
+# The dhcp_leases query
+
+_MESSAGE_COLUMNS = ("ip", "ts", "event_id", "kind", "mac", "hostname", "lease_time", "renewal")
+_MESSAGE_SCHEMA = StructType([
+    StructField("ts", LongType()), StructField("event_id", StringType()), StructField("kind", StringType()),
+    StructField("mac", StringType()), StructField("hostname", StringType()),
+    StructField("lease_time", DoubleType()), StructField("renewal", BooleanType()),
+])
+_HELD_SCHEMA = StructType([
+    StructField("mac", StringType()), StructField("hostname", StringType()), StructField("valid_from", LongType()),
+    StructField("expires", LongType()), StructField("lease_time", DoubleType()), StructField("start_reason", StringType()),
+    StructField("last_end", LongType()),
+])
+_SEGMENT_OUTPUT = StructType([
+    StructField("ip", StringType()), StructField("mac", StringType()), StructField("hostname", StringType()),
+    StructField("valid_from_ms", LongType()), StructField("valid_to_ms", LongType()),
+    StructField("lease_time", DoubleType()), StructField("start_reason", StringType()),
+    StructField("end_reason", StringType()),
+])
+
+
+def dhcp_messages(dhcp: DataFrame) -> DataFrame:
+    """silver_dhcp rows -> the messages that move a lease, keyed by the IP they are about.
+
+    ACK (not INFORM's ACK) grants `assigned_addr`, or `client_addr` for a renewal ACK without
+    one; RELEASE and DECLINE give back `client_addr` (`requested_addr` for DECLINE). Other
+    lines (DISCOVER, OFFER, REQUEST alone, NAK, INFORM) grant nothing and are dropped here.
+
+    >>> dhcp_messages(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"])).columns[:3]  # doctest: +SKIP
+    ['ip', 'ts', 'event_id']
+    """
+    types = F.col("msg_types")
+    kind = (F.when(F.array_contains(types, "INFORM"), F.lit(None))
+            .when(F.array_contains(types, "ACK"), F.lit("ack"))
+            .when(F.array_contains(types, "RELEASE"), F.lit("release"))
+            .when(F.array_contains(types, "DECLINE"), F.lit("decline")))
+    client = _address("client_addr")
+    ip = (F.when(kind == "ack", F.coalesce(_address("assigned_addr"), client))
+          .otherwise(F.coalesce(client, _address("requested_addr"))))
+    return (dhcp
+            .select("event_time", "event_id", kind.alias("kind"), ip.alias("ip"),
+                    F.lower(F.trim("mac")).alias("mac"), F.col("host_name").alias("hostname"), "lease_time",
+                    (client.isNotNull() & (client == ip)).alias("renewal"))
+            .where(F.col("kind").isNotNull() & F.col("ip").isNotNull() & F.col("mac").isNotNull())
+            .withColumn("ts", F.unix_millis("event_time")))
+
+
+def _address(column: str) -> Column:
+    # Zeek leaves unset addresses empty, some sensors write 0.0.0.0 for "none".
+    value = F.trim(F.col(column))
+    return F.when(value.isin("", "0.0.0.0", "::"), F.lit(None)).otherwise(value)
+
+
+class LeaseProcessor(StatefulProcessor):
+    """transformWithState processor over messages grouped by IP, in event-time mode.
+
+    Input rows are only buffered (a timer at each one's time); when the watermark passes a
+    timer, every buffered message up to the watermark is replayed in event-time order through
+    `IpLeases`, so DHCP lines that arrive out of order (within the watermark) count in order.
+    The open lease has a timer at its next expiry or cut.
+    """
+
+    def __init__(self, segment_ms: int) -> None:
+        self.segment_ms = segment_ms
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.pending = handle.getListState("pending", _MESSAGE_SCHEMA)
+        self.held = handle.getValueState("held", _HELD_SCHEMA)
+
+    def handleInputRows(self, key, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
+        messages = [tuple(row[c] for c in _MESSAGE_SCHEMA.fieldNames()) for row in rows]
+        self.pending.appendList(messages)
+        for ts in {m[0] for m in messages}:
+            self.handle.registerTimer(ts)
+        return iter(())
+
+    def handleExpiredTimer(self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo) -> Iterator[Row]:
+        until = timerValues.getCurrentWatermarkInMs()
+        pending = [Message(*m) for m in self.pending.get()] if self.pending.exists() else []
+        due = [m for m in pending if m.ts <= until]
+        later = [m for m in pending if m.ts > until]
+        book = self._load(key[0])
+        boundary_before = book.next_boundary()
+        segments = book.advance(due, until)
+        if due:
+            if later:
+                self.pending.put([(m.ts, m.event_id, m.kind, m.mac, m.hostname, m.lease_time, m.renewal) for m in later])
+            else:
+                self.pending.clear()
+        self._save(book)
+        boundary = book.next_boundary()
+        if boundary is not None and boundary != boundary_before:
+            self.handle.registerTimer(boundary)
+        for s in segments:
+            yield Row(ip=s.ip, mac=s.mac, hostname=s.hostname, valid_from_ms=s.valid_from, valid_to_ms=s.valid_to,
+                      lease_time=s.lease_time, start_reason=s.start_reason, end_reason=s.end_reason)
+
+    def close(self) -> None:
+        pass
+
+    def _load(self, ip: str) -> IpLeases:
+        book = IpLeases(ip, self.segment_ms)
+        if self.held.exists():
+            mac, hostname, valid_from, expires, lease_time, start_reason, last_end = self.held.get()
+            book.last_end = last_end
+            if mac is not None:
+                book.open = OpenLease(mac, hostname, valid_from, expires, lease_time, start_reason)
+        return book
+
+    def _save(self, book: IpLeases) -> None:
+        # The last segment end stays (one small row per IP ever leased) so a later backfill never
+        # reaches over a segment already emitted.
+        lease = book.open
+        if lease is None:
+            self.held.update((None, None, None, None, None, None, book.last_end))
+        else:
+            self.held.update((lease.mac, lease.hostname, lease.valid_from, lease.expires, lease.lease_time,
+                              lease.start_reason, book.last_end))
+
+
+def lease_segments(dhcp: DataFrame, settings: Settings) -> DataFrame:
+    """The dhcp_leases rows of a silver_dhcp stream (LEASE_SCHEMA), each emitted once, when final.
+
+    >>> lease_segments(read_stream(spark, lake.path("silver_dhcp")), Settings())  # doctest: +SKIP
+    DataFrame[ip: string, mac: string, ...]
+    """
+    messages = (dhcp.withWatermark("event_time", settings.lease_watermark)
+                .transform(dhcp_messages)
+                .select("event_time", *_MESSAGE_COLUMNS))
+    segments = messages.groupBy("ip").transformWithState(
+        LeaseProcessor(_millis(settings.max_lease_age, "max_lease_age")),
+        _SEGMENT_OUTPUT, outputMode="Append", timeMode="EventTime")
+    return segments.select(
+        "ip", "mac", "hostname",
+        F.timestamp_millis("valid_from_ms").alias("valid_from"), F.timestamp_millis("valid_to_ms").alias("valid_to"),
+        "lease_time", "start_reason", "end_reason",
+        F.to_date(F.timestamp_millis("valid_from_ms")).alias("event_date"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The enriched_<kind> queries
+
+def attributed_ip(table: str) -> Column:
+    """The address a row is attributed by: the internal side of an alert, else the source.
+
+    >>> attributed_ip("enriched_conn")  # doctest: +SKIP
+    Column<'src_ip AS attributed_ip'>
+    """
+    if table == "enriched_ids_alerts":
+        internal = F.col("src_ip").rlike(INTERNAL_IP_PATTERN)
+        ip = F.when(~internal & F.col("dst_ip").rlike(INTERNAL_IP_PATTERN), F.col("dst_ip")).otherwise(F.col("src_ip"))
+    elif table in ENRICHED_INPUTS:
+        ip = F.col("src_ip")
+    else:
+        raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
+    return ip.alias("attributed_ip")
+
+
+def load_devices(spark: SparkSession, path: Path) -> DataFrame:
+    """The device inventory (mac, device, owner) from a CSV with at least those columns.
+
+    A missing file is not an error: attribution still names the MAC and hostname, device and
+    owner stay NULL (with a warning). Read once per query start, so an edit takes effect at the
+    next start. MACs compare lower-case with colons.
+
+    >>> load_devices(spark, home.reference / "devices.csv").columns  # doctest: +SKIP
+    ['inv_mac', 'device', 'owner']
+    """
+    schema = "inv_mac string, device string, owner string"
+    if not path.is_file():
+        log.warning("no device inventory at %s: enriched rows get device and owner NULL", path)
+        return spark.createDataFrame([], schema)
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"mac", "device", "owner"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {sorted(missing)}; header is {reader.fieldnames}")
+        rows: dict[str, tuple] = {}
+        for line, rec in enumerate(reader, start=2):
+            mac = (rec["mac"] or "").strip().lower().replace("-", ":")
+            if not mac:
+                continue
+            if mac in rows:
+                raise ValueError(f"{path} line {line}: MAC {mac!r} is listed twice; one device per MAC")
+            rows[mac] = (mac, rec["device"] or None, rec["owner"] or None)
+    return spark.createDataFrame(list(rows.values()), schema)
+
+
+def attribute(events: DataFrame, leases: DataFrame, devices: DataFrame, table: str, settings: Settings) -> DataFrame:
+    """Join an event stream with the lease segment holding its IP at its time, then the inventory.
+
+    Watermarks: events on `event_time` (`event_watermark`), leases on `valid_to` with no delay:
+    dhcp_leases emits a segment only once the lease watermark passes its end, so each commit's
+    valid_to values are all later than the previous commit's, and this query reads leases by
+    whole commits (no read limit). `valid_to <= event_time + max_lease_age` holds for every
+    match (no segment is longer) and is what lets Spark evict: an event leaves state when the
+    watermark passes event_time + max_lease_age (then, unmatched, it is emitted with NULLs);
+    a segment when the watermark passes its valid_to.
+
+    >>> attribute(conn_stream, lease_stream, load_devices(spark, p), "enriched_conn", Settings())  # doctest: +SKIP
+    """
+    bound = F.expr(f"INTERVAL {_millis(settings.max_lease_age, 'max_lease_age')} MILLISECONDS")
+    ev = events.withWatermark("event_time", settings.event_watermark).withColumn("attributed_ip", attributed_ip(table))
+    ls = leases.withWatermark("valid_to", "0 seconds").select(
+        F.col("ip").alias("lease_ip"), F.col("mac").alias("lease_mac"), F.col("hostname").alias("lease_hostname"),
+        F.col("valid_from").alias("lease_valid_from"), F.col("valid_to").alias("lease_valid_to"))
+    matched = ev.join(ls, (ev.attributed_ip == ls.lease_ip)
+                      & (ev.event_time >= ls.lease_valid_from) & (ev.event_time < ls.lease_valid_to)
+                      & (ls.lease_valid_to <= ev.event_time + bound), "left_outer")
+    with_devices = matched.join(F.broadcast(devices), matched.lease_mac == devices.inv_mac, "left_outer")
+    silver = [c for c in ENRICHED_SCHEMAS[table].fieldNames() if c in events.columns]
+    return with_devices.select(*silver, "attributed_ip", F.col("lease_mac").alias("mac"),
+                               F.col("lease_hostname").alias("hostname"), "device", "owner", "lease_valid_from")
+
+
+def _millis(interval: str, setting: str) -> int:
+    """Milliseconds of a Spark interval string such as "2 hours"; ValueError names a bad one."""
+    units = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+    parts = interval.split()
+    try:
+        amount, unit = float(parts[0]), parts[1].lower().rstrip("s")
+        millis = int(amount * units[unit])
+    except (IndexError, ValueError, KeyError):
+        raise ValueError(f"setting {setting}={interval!r}: expected '<number> <unit>', unit one of "
+                         f"{', '.join(u + 's' for u in units)}") from None
+    if len(parts) != 2 or millis <= 0:
+        raise ValueError(f"setting {setting}={interval!r}: expected one positive '<number> <unit>'")
+    return millis
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: one foreachBatch writer per query, and the starters jobs.py runs
+
+@dataclass
+class BatchStats:
+    """What one micro-batch wrote: rows and versions per table."""
+
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+
+class AttributionWriter:
+    """The `foreachBatch` function of one attribution query: writes its table exactly once per
+    batch, then records the earlier batches whose watermark dropped rows in `late_events`.
+
+    Drops are known only from a finished batch's progress, so batch N records batches < N and
+    `close()` the rest; each is committed with txn(app_id=query, version=its batch id), so a
+    replay records nothing twice. Progress of batches that ran just before a crash is lost
+    (Spark keeps it in memory only); the rows themselves are never lost (they stay in silver).
+
+    >>> writer = AttributionWriter(spark, lake, "enriched_conn")  # doctest: +SKIP
+    """
+
+    def __init__(self, spark: SparkSession, lake: Lake, table: str) -> None:
+        self.spark = spark
+        self.query_name = table
+        self.sink = lake.sink(table, app_id=table)
+        self.late_sink = lake.sink(LATE_EVENTS, app_id=table)
+        self.query = None  # set by the starter once the query runs
+        self.history: list[BatchStats] = []
+        self._recorded = -1
+
+    def __call__(self, rows: DataFrame, batch_id: int) -> None:
+        stats = BatchStats(batch_id)
+        self._add(stats, self.sink.write_batch(rows, batch_id))
+        self._record_late(stats)
+        self.history.append(stats)
+
+    def close(self) -> None:
+        try:
+            if self.history:
+                self._record_late(self.history[-1])
+        finally:
+            self.sink.close()
+            self.late_sink.close()
+
+    def _record_late(self, stats: BatchStats) -> None:
+        if self.query is None:
+            return
+        now = datetime.now(timezone.utc)
+        late, last = [], self._recorded
+        for progress in self.query.recentProgress:
+            if progress.batchId <= self._recorded:
+                continue
+            last = max(last, progress.batchId)
+            dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+            if dropped:
+                watermark = progress.eventTime.get("watermark")
+                late.append((self.query_name, progress.batchId,
+                             datetime.fromisoformat(watermark.replace("Z", "+00:00")) if watermark else None,
+                             dropped, now))
+        if late:
+            self._add(stats, self.late_sink.write_batch(self.spark.createDataFrame(late, LATE_EVENTS_SCHEMA), last))
+        self._recorded = last
+
+    @staticmethod
+    def _add(stats: BatchStats, result: CommitResult) -> None:
+        if result.version is not None:
+            stats.rows[result.table] = stats.rows.get(result.table, 0) + result.rows
+            stats.versions[result.table] = result.version
+
+
+def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, trigger: dict) -> "RunningQuery":
+    from pipelines.jobs import RunningQuery
+
+    query = (frame.writeStream
+             .queryName(name)
+             .foreachBatch(writer)
+             .option("checkpointLocation", str(lake.home.checkpoint(name)))
+             .trigger(**trigger)
+             .start())
+    writer.query = query
+    return RunningQuery(name, query, writer, (name, LATE_EVENTS))
+
+
+def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> "RunningQuery":
+    """Start the dhcp_leases query (silver_dhcp -> dhcp_leases) with `trigger`.
+
+    >>> start_leases(spark, lake, Settings(), {"availableNow": True}).query.awaitTermination()  # doctest: +SKIP
+    """
+    dhcp = read_stream(spark, lake.path("silver_dhcp"), max_files=settings.max_files_per_trigger)
+    return _run(LEASES, lease_segments(dhcp, settings), AttributionWriter(spark, lake, LEASES), lake, trigger)
+
+
+def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> "RunningQuery":
+    """Start the query writing `table` (enriched_conn, enriched_dns or enriched_ids_alerts).
+
+    dhcp_leases must exist (the dhcp_leases query creates it with its first batch).
+
+    >>> start_enriched(spark, lake, Settings(), {"availableNow": True}, table="enriched_dns")  # doctest: +SKIP
+    """
+    if table not in ENRICHED_INPUTS:
+        raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
+    events = read_stream(spark, lake.path(ENRICHED_INPUTS[table]), max_files=settings.max_files_per_trigger)
+    # Leases are read by whole commits (no read limit): see `attribute` for why that matters.
+    leases = read_stream(spark, lake.path(LEASES))
+    devices = load_devices(spark, lake.home.reference / INVENTORY_FILE)
+    frame = attribute(events, leases, devices, table, settings)
+    return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
+
+
+# The stages jobs.py runs after the ETL, in dependency order.
+STAGES = [(LEASES, start_leases), *((table, partial(start_enriched, table=table)) for table in ENRICHED_INPUTS)]
