@@ -1,0 +1,116 @@
+"""`run_once_schedule` and `landing_sensor`: when `run_once_job` runs on its own.
+
+Both skip while another lake-writing run is queued or in progress (a safety that needs no
+dagster.yaml; the `seclake_lake` pool orders runs that are started anyway, see docs/dagster.md).
+"""
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    ScheduleEvaluationContext,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    schedule,
+    sensor,
+)
+
+from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
+from assets.resources import LakeResource
+
+DEFAULT_CRON = "*/15 * * * *"
+ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                   DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def active_lake_run(instance: DagsterInstance) -> str | None:
+    """The id of a queued or running run that writes the lake (our jobs or an ad-hoc asset run), if any."""
+    for run in instance.get_runs(filters=RunsFilter(statuses=ACTIVE_STATUSES), limit=50):
+        if run.job_name in LAKE_JOBS or run.job_name.startswith("__ASSET_JOB"):
+            return run.run_id
+    return None
+
+
+def landing_files(landing: Path) -> dict[str, str]:
+    """Every complete file under `landing` as {relative path: "size:mtime_ns"}.
+
+    Names starting with `.` or `_` (sensors' temp files before the atomic rename, and what
+    Spark's file source skips too), and anything inside such folders, are ignored.
+
+    >>> landing_files(Path("/nonexistent"))
+    {}
+    """
+    found: dict[str, str] = {}
+    if not landing.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(landing):
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+        for name in filenames:
+            if name.startswith((".", "_")):
+                continue
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # renamed or removed while we looked
+                continue
+            found[path.relative_to(landing).as_posix()] = f"{st.st_size}:{st.st_mtime_ns}"
+    return found
+
+
+def new_files(current: dict[str, str], seen: dict[str, str]) -> dict[str, str]:
+    """Files that are new or changed (size or mtime) since `seen`.
+
+    >>> new_files({"zeek/a.log": "1:1", "zeek/b.log": "2:2"}, {"zeek/a.log": "1:1"})
+    {'zeek/b.log': '2:2'}
+    """
+    return {path: stamp for path, stamp in current.items() if seen.get(path) != stamp}
+
+
+def run_key_for(files: dict[str, str]) -> str:
+    """A stable key for a set of (name, size, mtime): the same new files never request two runs."""
+    digest = hashlib.sha256("\n".join(f"{p}|{s}" for p, s in sorted(files.items())).encode()).hexdigest()
+    return f"landing-{digest[:32]}"
+
+
+@sensor(name="landing_sensor", job_name=RUN_ONCE_JOB, minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Requests a run of run_once_job when new files appear under <home>/landing/")
+def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
+    landing = lake.lake.home.landing
+    current = landing_files(landing)
+    seen = json.loads(context.cursor) if context.cursor else {}
+    fresh = new_files(current, seen)
+    if not fresh:
+        return SkipReason(f"no new files under {landing}")
+    busy = active_lake_run(context.instance)
+    if busy:
+        # Keep the cursor: the files are looked at again once that run has finished.
+        return SkipReason(f"{len(fresh)} new file(s) wait for run {busy} to finish")
+    request = RunRequest(run_key=run_key_for(fresh),
+                         tags={"seclake/trigger": "landing_sensor", "seclake/new_files": str(len(fresh))})
+    # The cursor is what exists now, so files removed from landing/ (retention) drop out of it.
+    return SensorResult(run_requests=[request], cursor=json.dumps(current, sort_keys=True, separators=(",", ":")))
+
+
+def run_once_schedule_def(cron: str | None = None):
+    """`run_once_schedule`: run_once_job every 15 minutes (`$SECLAKE_RUN_ONCE_CRON` overrides)."""
+    cron = cron or os.environ.get("SECLAKE_RUN_ONCE_CRON") or DEFAULT_CRON
+
+    @schedule(name="run_once_schedule", cron_schedule=cron, job_name=RUN_ONCE_JOB, execution_timezone="UTC",
+              default_status=DefaultScheduleStatus.STOPPED,
+              description=f"run_once_job on cron `{cron}` (UTC), skipped while another lake run is active")
+    def run_once_schedule(context: ScheduleEvaluationContext):
+        busy = active_lake_run(context.instance)
+        if busy:
+            return SkipReason(f"run {busy} is still writing the lake")
+        return RunRequest(tags={"seclake/trigger": "run_once_schedule"})
+
+    return run_once_schedule

@@ -1,0 +1,134 @@
+"""Data-quality asset checks: Great Expectations suites (`assets/quality.py`) on table assets.
+
+- `expectations` on every silver and enriched table: the table's GE suite (not-null ids and
+  event times, IP/MAC formats, ports, enum value sets). Non-blocking: a failure is recorded on the
+  asset (severity ERROR) and names the failing expectations.
+- `quarantine_ratio` on every silver table written by the stage that quarantines lines (`etl`):
+  quarantined / (good + quarantined) lines per source over recently ingested lines must stay
+  under `max_ratio` (default 5%, `$SECLAKE_MAX_QUARANTINE_RATIO`). Blocking: when it fails,
+  nothing downstream of that table (leases, enriched tables, rules, alerts) runs in that run.
+
+GE is imported when a check runs, not when the code location loads (it takes seconds).
+"""
+import os
+
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, Config, \
+    MetadataValue, asset_check
+from pydantic import Field
+
+from assets.resources import LakeResource, SparkResource
+from assets.stages import StageInfo
+from assets.tables import table_key
+from pipelines.lake.registry import Lake
+
+QUALITY_LAYERS = ("silver", "enriched")
+
+
+def _default_max_ratio() -> float:
+    return float(os.environ.get("SECLAKE_MAX_QUARANTINE_RATIO", "0.05"))
+
+
+class ExpectationsConfig(Config):
+    engine: str = Field(default="auto", description="auto | spark | pandas (auto: pandas up to 200k rows)")
+    window_days: int | None = Field(default=None, description="validate only the last N event dates; None: all")
+
+
+class QuarantineRatioConfig(Config):
+    max_ratio: float = Field(default_factory=_default_max_ratio,
+                             description="largest allowed quarantined / (good + quarantined) per source")
+    window_hours: float | None = Field(default=24.0, description="count lines ingested in the last N hours; None: all")
+
+
+def _describe(text: str, limit: int = 1500) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _result_metadata(outcome) -> dict:
+    return {
+        "suite": outcome.suite,
+        "engine": outcome.engine,
+        "rows": outcome.rows,
+        "evaluated": outcome.evaluated,
+        "failed": len(outcome.failed),
+        "failed_expectations": MetadataValue.json([
+            {"expectation": f.expectation, "column": f.column, "unexpected_count": f.unexpected_count,
+             "unexpected_percent": f.unexpected_percent, "examples": f.examples, "error": f.error}
+            for f in outcome.failed]),
+    }
+
+
+def expectations_check(table: str) -> AssetChecksDefinition:
+    """The `expectations` check of one table: its GE suite over the table's current snapshot."""
+
+    @asset_check(asset=table_key(table), name="expectations", blocking=False,
+                 description=f"Great Expectations suite `{table}`: not-null ids and times, IP/MAC formats, "
+                             "ports, enum value sets (assets/quality.py)")
+    def _check(context: AssetCheckExecutionContext, config: ExpectationsConfig, spark: SparkResource,
+               lake: LakeResource) -> AssetCheckResult:
+        from assets import quality
+
+        the_lake = lake.lake
+        if not the_lake.exists(table):
+            return AssetCheckResult(passed=True, metadata={"note": "table not created yet: nothing to validate"})
+        outcome = quality.validate_table(spark.session, the_lake, table, engine=config.engine,
+                                         window_days=config.window_days)
+        context.log.info(outcome.describe())
+        return AssetCheckResult(passed=outcome.success, severity=AssetCheckSeverity.ERROR,
+                                description=_describe(outcome.describe()), metadata=_result_metadata(outcome))
+
+    return _check
+
+
+def _sources_of(table: str) -> tuple[str, ...]:
+    from pipelines import schemas
+
+    kinds = getattr(schemas, "SILVER_KINDS", {}).get(table)
+    return tuple(sorted({source for source, _ in kinds})) if kinds else tuple(schemas.SOURCES)
+
+
+def quarantine_ratio_check(table: str) -> AssetChecksDefinition:
+    """The blocking `quarantine_ratio` check of a table fed by the sources in `SILVER_KINDS`."""
+    sources = _sources_of(table)
+
+    @asset_check(asset=table_key(table), name="quarantine_ratio", blocking=True,
+                 description=f"quarantined / (good + quarantined) lines of {', '.join(sources)} under the limit; "
+                             "blocks everything downstream when exceeded")
+    def _check(context: AssetCheckExecutionContext, config: QuarantineRatioConfig, spark: SparkResource,
+               lake: LakeResource) -> AssetCheckResult:
+        from assets import quality
+
+        counts = quality.quarantine_counts(spark.session, lake.lake, sources, window_hours=config.window_hours)
+        outcome = quality.validate_quarantine_ratio(counts, config.max_ratio)
+        context.log.info(outcome.describe())
+        meta = _result_metadata(outcome)
+        meta.update({
+            "max_ratio": config.max_ratio,
+            "window_hours": config.window_hours if config.window_hours is not None else "all",
+            "counts": MetadataValue.md(_markdown(counts)),
+            "max_observed_ratio": float(counts["ratio"].max()) if len(counts) else 0.0,
+        })
+        return AssetCheckResult(passed=outcome.success, severity=AssetCheckSeverity.ERROR,
+                                description=_describe(outcome.describe()), metadata=meta)
+
+    return _check
+
+
+def _markdown(frame) -> str:
+    head = "| " + " | ".join(frame.columns) + " |\n|" + "---|" * len(frame.columns)
+    rows = ["| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([head, *rows])
+
+
+def quality_checks(stages: list[StageInfo]) -> list[AssetChecksDefinition]:
+    """`expectations` on silver/enriched tables; `quarantine_ratio` on silver tables of quarantining stages."""
+    checks = []
+    for stage in stages:
+        quarantines = "quarantine" in stage.writes
+        for table in stage.writes:
+            layer = Lake.spec(table).layer
+            if layer in QUALITY_LAYERS:
+                checks.append(expectations_check(table))
+            if quarantines and layer == "silver":
+                checks.append(quarantine_ratio_check(table))
+    return checks

@@ -1,0 +1,41 @@
+"""The code location: the one `Definitions` of seclake (`workspace.yaml` loads `defs`).
+
+Everything is built from the pipeline itself, so new tables, stages and rule files appear on the
+next reload without editing this package:
+
+- table assets from `pipelines.jobs.stages()` + the table registry (`assets/tables.py`);
+- one asset per `rules/**/*.sql` file plus the `alerts` table asset (`assets/rules.py`);
+- Great Expectations checks on silver and enriched tables (`assets/checks.py`);
+- `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
+  (`assets/automation.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
+"""
+from collections.abc import Iterable
+from pathlib import Path
+
+from dagster import Definitions, in_process_executor
+
+from assets import automation, checks, jobs, rules, stages, tables
+from assets.resources import resources_for_environment
+
+
+def build_definitions(rules_dir: Path | str | None = None, stage_entries: Iterable | None = None,
+                      env: str | None = None) -> Definitions:
+    """Assemble the definitions. Tests pass their own rules folder or stages; `defs` uses the defaults.
+
+    >>> build_definitions().resolve_job_def("run_once_job").name  # doctest: +SKIP
+    'run_once_job'
+    """
+    pipeline_stages = stages.discover(stage_entries)
+    assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(Path(rules_dir) if rules_dir else None)]
+    return Definitions(
+        assets=assets,
+        asset_checks=checks.quality_checks(pipeline_stages),
+        jobs=[jobs.run_once_job_def(), jobs.stream_job],
+        schedules=[automation.run_once_schedule_def()],
+        sensors=[automation.landing_sensor],
+        resources=resources_for_environment(env),
+        executor=in_process_executor,
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,307 @@
+"""Great Expectations suites of the silver and enriched tables, in one place, and how they run.
+
+No Dagster imports: `assets/checks.py` wraps these as asset checks, and the module could move to
+`pipelines/` unchanged. Suites are derived from each table's registry schema by column name, so
+a new table gets its expectations without code:
+
+- not null: `event_id`, `event_time`, `event_date` (and the key columns of `dhcp_leases`);
+- valid IP: `*_ip`, `*_addr`, `ip`; valid MAC (lower-case, colon-separated): `mac`, `*_mac`;
+  ports in 0..65535;
+- value sets: `proto`, `severity` (1-4), `source`, `qtype_name`, `conn_state`.
+
+A table is validated with GE's Spark datasource, or with its pandas datasource when it is small
+(`engine="auto"`: at most `PANDAS_MAX_ROWS` rows), which is ~20x faster on small tables. Spark
+runs GE's cheapest result format first and re-validates only the failing expectations for
+examples of bad values.
+
+The quarantine ratio (quarantined / (good + quarantined) lines per source, over recently
+ingested lines) is validated by a GE suite too, on a small frame of per-source counts.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no usage statistics sent from pipelines
+
+import great_expectations as gx  # noqa: E402
+import great_expectations.expectations as gxe  # noqa: E402
+import pandas as pd  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import StructType  # noqa: E402
+
+from pipelines.lake.registry import Lake  # noqa: E402
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+# Hex groups and 2-7 colons, optionally ending in an IPv4 (::ffff:10.0.0.1) and a zone (%eth0).
+IPV6 = rf"([0-9A-Fa-f]{{0,4}}:){{2,7}}([0-9A-Fa-f]{{0,4}}|{IPV4})(%[0-9A-Za-z_.]+)?"
+IP_REGEX = rf"^({IPV4}|{IPV6})$"
+# silver normalises MACs to lower case with colons.
+MAC_REGEX = r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$"
+
+PROTOCOLS = ["tcp", "udp", "icmp", "icmp6", "ipv6-icmp", "sctp", "gre", "esp", "ah", "igmp", "unknown_transport"]
+SEVERITIES = [1, 2, 3, 4]  # Suricata: 1 high .. 3 low; 4 is used by some rule sets
+SOURCES = ["zeek", "suricata"]
+QTYPES = ["A", "AAAA", "CNAME", "MX", "NS", "PTR", "SOA", "SRV", "TXT", "NAPTR", "DS", "DNSKEY", "RRSIG",
+          "NSEC", "NSEC3", "HTTPS", "SVCB", "CAA", "ANY", "*", "AXFR", "IXFR", "NBSTAT", "NULL", "HINFO",
+          "SPF", "OPT", "TLSA", "SSHFP", "WKS", "DNAME", "URI"]
+# Rare or new record types should not fail a table: 99% of qtype names must be known.
+QTYPES_MOSTLY = 0.99
+CONN_STATES = ["S0", "S1", "SF", "REJ", "S2", "S3", "RSTO", "RSTR", "RSTOS0", "RSTRH", "SH", "SHR", "OTH",
+               # Suricata flow states, when conn comes from EVE flow records
+               "new", "established", "closed", "bypassed", "local_bypassed", "capture_bypassed"]
+
+NOT_NULL = ("event_id", "event_time", "event_date", "alert_id")
+# Key columns of tables without event ids.
+NOT_NULL_BY_TABLE = {"dhcp_leases": ("ip", "mac", "valid_from")}
+
+PANDAS_MAX_ROWS = 200_000
+DEFAULT_MAX_QUARANTINE_RATIO = 0.05
+DEFAULT_WINDOW_HOURS = 24.0
+
+
+def expectations_for(table: str, schema: StructType | None = None) -> list[gxe.Expectation]:
+    """The expectations of `table`, derived from its schema (default: the registry's).
+
+    >>> [e.expectation_type for e in expectations_for("silver_ids_alerts")][:2]
+    ['expect_column_values_to_not_be_null', 'expect_column_values_to_not_be_null']
+    """
+    schema = schema or Lake.spec(table).schema
+    columns = schema.fieldNames()
+    out: list[gxe.Expectation] = []
+    for column in (*NOT_NULL, *NOT_NULL_BY_TABLE.get(table, ())):
+        if column in columns:
+            out.append(gxe.ExpectColumnValuesToNotBeNull(column=column))
+    for column in columns:
+        if column == "ip" or column.endswith(("_ip", "_addr")):
+            out.append(gxe.ExpectColumnValuesToMatchRegex(column=column, regex=IP_REGEX))
+        elif column == "mac" or column.endswith("_mac"):
+            out.append(gxe.ExpectColumnValuesToMatchRegex(column=column, regex=MAC_REGEX))
+        elif column.endswith("_port"):
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0, max_value=65535))
+        elif column == "proto":
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=PROTOCOLS))
+        elif column == "severity":
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=SEVERITIES))
+        elif column == "source":
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=SOURCES))
+        elif column == "qtype_name":
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=QTYPES, mostly=QTYPES_MOSTLY))
+        elif column == "conn_state":
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=CONN_STATES))
+    return out
+
+
+def suite_for(table: str, schema: StructType | None = None) -> gx.ExpectationSuite:
+    """The GE suite named after `table`."""
+    return gx.ExpectationSuite(name=table, expectations=expectations_for(table, schema))
+
+
+def quarantine_suite(max_ratio: float = DEFAULT_MAX_QUARANTINE_RATIO) -> gx.ExpectationSuite:
+    """Over a frame of per-source counts (`source`, `good`, `quarantined`, `ratio`)."""
+    return gx.ExpectationSuite(name="quarantine_ratio", expectations=[
+        gxe.ExpectColumnValuesToBeBetween(column="ratio", min_value=0.0, max_value=max_ratio),
+    ])
+
+
+# --- running a suite ---------------------------------------------------------------------------
+
+@dataclass
+class Failed:
+    """One failed expectation: its type (GE name), column, and how much of the data broke it."""
+
+    expectation: str
+    column: str | None
+    unexpected_count: int | None = None
+    unexpected_percent: float | None = None
+    examples: list = field(default_factory=list)
+    error: str | None = None
+
+    def describe(self) -> str:
+        where = f"({self.column})" if self.column else ""
+        if self.error:
+            return f"{self.expectation}{where}: raised {self.error}"
+        detail = []
+        if self.unexpected_count is not None:
+            detail.append(f"{self.unexpected_count} unexpected")
+        if self.unexpected_percent is not None:
+            detail.append(f"{self.unexpected_percent:.2f}%")
+        if self.examples:
+            detail.append(f"e.g. {self.examples[:3]}")
+        return f"{self.expectation}{where}" + (f": {', '.join(detail)}" if detail else "")
+
+
+@dataclass
+class Outcome:
+    """The result of validating one suite."""
+
+    suite: str
+    success: bool
+    evaluated: int
+    rows: int
+    engine: str
+    failed: list[Failed] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.success:
+            return f"{self.suite}: {self.evaluated} expectations passed on {self.rows} rows ({self.engine})"
+        return (f"{self.suite}: {len(self.failed)} of {self.evaluated} expectations failed on {self.rows} rows: "
+                + "; ".join(f.describe() for f in self.failed))
+
+
+_CONTEXT = None
+
+
+def _context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        _CONTEXT = gx.get_context(mode="ephemeral")
+        _CONTEXT.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return _CONTEXT
+
+
+def run_suite(data, suite: gx.ExpectationSuite, *, result_format: str = "SUMMARY"):
+    """Run `suite` over a Spark or pandas DataFrame with a GE ValidationDefinition; GE's result."""
+    ctx = _context()
+    token = uuid.uuid4().hex[:8]
+    if isinstance(data, pd.DataFrame):
+        source = ctx.data_sources.add_pandas(f"pandas_{suite.name}_{token}")
+    else:
+        source = ctx.data_sources.add_spark(f"spark_{suite.name}_{token}")
+    batch = source.add_dataframe_asset(suite.name).add_batch_definition_whole_dataframe("whole")
+    suite = ctx.suites.add(gx.ExpectationSuite(name=f"{suite.name}_{token}", expectations=[
+        e.copy() for e in suite.expectations]))
+    validation = ctx.validation_definitions.add(
+        gx.ValidationDefinition(name=f"{suite.name}", data=batch, suite=suite))
+    try:
+        return validation.run(batch_parameters={"dataframe": data}, result_format=result_format)
+    finally:
+        ctx.validation_definitions.delete(validation.name)
+        ctx.suites.delete(suite.name)
+        ctx.data_sources.delete(source.name)
+
+
+def _failures(result) -> list[Failed]:
+    failed = []
+    for r in result.results:
+        if r.success:
+            continue
+        config = r.expectation_config
+        info = r.exception_info or {}
+        raised = info.get("raised_exception") if isinstance(info, dict) else None
+        res = r.result or {}
+        failed.append(Failed(
+            expectation=config.type,
+            column=config.kwargs.get("column"),
+            unexpected_count=res.get("unexpected_count"),
+            unexpected_percent=res.get("unexpected_percent"),
+            examples=[_plain(v) for v in (res.get("partial_unexpected_list") or [])[:5]],
+            error=(info.get("exception_message") if raised else None),
+        ))
+    return failed
+
+
+def _plain(value):
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
+             pandas_max_rows: int = PANDAS_MAX_ROWS) -> Outcome:
+    """Validate a Spark DataFrame against `suite` with GE.
+
+    `engine`: `spark` (GE's Spark datasource), `pandas` (collect, then GE's pandas datasource)
+    or `auto` (pandas up to `pandas_max_rows` rows).
+
+    >>> validate(spark.createDataFrame([("x",)], "proto string"), suite_for("silver_conn")).success  # doctest: +SKIP
+    False
+    """
+    if engine not in ("auto", "spark", "pandas"):
+        raise ValueError(f"engine must be 'auto', 'spark' or 'pandas', got {engine!r}")
+    columns = sorted({e.column for e in suite.expectations if getattr(e, "column", None)} & set(df.columns))
+    missing = sorted({e.column for e in suite.expectations if getattr(e, "column", None)} - set(df.columns))
+    if missing:
+        raise ValueError(f"suite {suite.name}: column(s) {missing} not in the data (columns: {df.columns})")
+    data = df.select(*columns) if columns else df
+    rows = data.count()
+    use_pandas = engine == "pandas" or (engine == "auto" and rows <= pandas_max_rows)
+    if use_pandas:
+        result = run_suite(data.toPandas(), suite)
+        return Outcome(suite.name, bool(result.success), len(result.results), rows, "pandas", _failures(result))
+    data = data.cache()
+    try:
+        quick = run_suite(data, suite, result_format="BOOLEAN_ONLY")
+        if quick.success:
+            return Outcome(suite.name, True, len(quick.results), rows, "spark")
+        failing = {(r.expectation_config.type, r.expectation_config.kwargs.get("column"))
+                   for r in quick.results if not r.success}
+        again = gx.ExpectationSuite(name=suite.name, expectations=[
+            e for e in suite.expectations if (e.expectation_type, getattr(e, "column", None)) in failing])
+        detail = run_suite(data, again, result_format="SUMMARY")
+        return Outcome(suite.name, False, len(quick.results), rows, "spark", _failures(detail))
+    finally:
+        data.unpersist()
+
+
+def validate_table(spark: SparkSession, lake: Lake, table: str, *, engine: str = "auto",
+                   window_days: int | None = None) -> Outcome:
+    """Validate the current snapshot of `table` (optionally only its last `window_days` event dates)."""
+    df = lake.read(spark, table)
+    if window_days is not None and "event_date" in df.columns:
+        df = df.where(F.col("event_date") >= F.date_sub(F.current_date(), window_days))
+    return validate(df, suite_for(table), engine=engine)
+
+
+# --- quarantine ratio --------------------------------------------------------------------------
+
+def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tuple[str, ...] = tuple(SOURCES),
+                      window_hours: float | None = DEFAULT_WINDOW_HOURS,
+                      now: datetime | None = None) -> pd.DataFrame:
+    """Per source: good lines (bronze, parse_ok), quarantined lines, and their ratio.
+
+    Counts lines ingested in the last `window_hours` (all lines if None), so that a bad file
+    stands out instead of being diluted by the table's history.
+    """
+    since = None
+    if window_hours is not None:
+        since = (now or datetime.now(timezone.utc)) - timedelta(hours=window_hours)
+
+    def recent(df: DataFrame) -> DataFrame:
+        return df.where(F.col("ingest_time") >= F.lit(since)) if since is not None else df
+
+    good = {s: 0 for s in sources}
+    for source in sources:
+        table = f"bronze_{source}"
+        if lake.exists(table):
+            df = recent(lake.read(spark, table))
+            if "parse_ok" in df.columns:
+                df = df.where(F.col("parse_ok"))
+            good[source] = df.count()
+    bad = {s: 0 for s in sources}
+    if lake.exists("quarantine"):
+        for row in recent(lake.read(spark, "quarantine")).where(F.col("source").isin(list(sources))) \
+                .groupBy("source").count().collect():
+            bad[row["source"]] = row["count"]
+    frame = pd.DataFrame({"source": list(sources), "good": [good[s] for s in sources],
+                          "quarantined": [bad[s] for s in sources]})
+    total = frame["good"] + frame["quarantined"]
+    frame["ratio"] = (frame["quarantined"] / total.where(total > 0)).fillna(0.0)
+    return frame
+
+
+def validate_quarantine_ratio(counts: pd.DataFrame, max_ratio: float = DEFAULT_MAX_QUARANTINE_RATIO) -> Outcome:
+    """GE suite `quarantine_ratio` over the per-source counts of `quarantine_counts`."""
+    if not 0.0 <= max_ratio <= 1.0:
+        raise ValueError(f"max_ratio must be within 0..1, got {max_ratio}")
+    result = run_suite(counts, quarantine_suite(max_ratio))
+    failed = _failures(result)
+    for f in failed:  # name the offending sources rather than bare ratios
+        bad = counts[counts["ratio"] > max_ratio]
+        f.examples = [f"{r.source}: {r.quarantined}/{r.good + r.quarantined} = {r.ratio:.3f}" for r in bad.itertuples()]
+    return Outcome("quarantine_ratio", bool(result.success), len(result.results), int(counts["good"].sum()
+                   + counts["quarantined"].sum()), "pandas", failed)

@@ -1,0 +1,115 @@
+"""Resources of the code location, and the one place they are chosen by environment.
+
+- `spark` (`SparkResource`): owns the run's SparkSession, built by `pipelines.spark.get_spark` on
+  first use and stopped when the run ends. Runs use the in-process executor, so every asset of a
+  run shares the one session.
+- `lake` (`LakeResource`): the home folder (`$SECLAKE_HOME`, else `./seclake-home`) and stream
+  settings overrides. It never starts Spark, so sensors can use it.
+
+`resources_for_environment()` picks their configuration from `$SECLAKE_ENV` (`local`, the default,
+or `ci`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+
+from pipelines.home import Home
+from pipelines.lake.registry import Lake
+from pipelines.settings import Settings
+
+
+class SparkResource(ConfigurableResource):
+    """The run's SparkSession (`pipelines.spark.get_spark`), created lazily on first `.session`.
+
+    If a SparkContext already runs in the process (tests, notebooks), the resource uses that
+    session and leaves it running at teardown; a session it started itself it stops, after
+    stopping any streaming query still active.
+
+    >>> SparkResource(ui=False).session.range(1).count()  # doctest: +SKIP
+    1
+    """
+
+    master: str | None = Field(default=None, description="Spark master; default $SECLAKE_SPARK_MASTER, else local[*]")
+    app_name: str = Field(default="seclake-dagster", description="Spark application name")
+    ui: bool = Field(default=True, description="start the Spark UI (port 4040+)")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings, override seclake's")
+
+    _session: Any = PrivateAttr(default=None)
+    _owned: bool = PrivateAttr(default=False)
+
+    @property
+    def session(self):
+        """The SparkSession (pyspark.sql.SparkSession) of this run."""
+        if self._session is None:
+            from pyspark import SparkContext
+
+            from pipelines.spark import get_spark
+
+            already_running = SparkContext._active_spark_context is not None
+            self._session = get_spark(self.master, app_name=self.app_name, ui=self.ui, conf=dict(self.conf))
+            self._owned = not already_running
+        return self._session
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        session, self._session = self._session, None
+        if session is None or not self._owned:
+            return
+        for query in session.streams.active:
+            try:
+                query.stop()
+            except Exception:  # a query that failed while stopping must not keep the JVM alive
+                pass
+        session.stop()
+
+
+class LakeResource(ConfigurableResource):
+    """The seclake home folder and the stream settings every query of a run uses.
+
+    >>> LakeResource(home="/tmp/x").lake.path("silver_dns").as_posix()  # doctest: +SKIP
+    '/tmp/x/tables/silver_dns'
+    """
+
+    home: str | None = Field(default=None, description="home folder; default $SECLAKE_HOME, else ./seclake-home")
+    settings: dict[str, str] = Field(
+        default_factory=dict,
+        description="overrides of pipelines/settings.py, e.g. {max_files_per_trigger: '20'}")
+
+    @property
+    def lake(self) -> Lake:
+        return Lake(Home.resolve(self.home))
+
+    @property
+    def stream_settings(self) -> Settings:
+        """`Settings` with the overrides applied; values are converted to each setting's type."""
+        defaults = Settings()
+        kinds = {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(defaults)}
+        converted: dict[str, object] = {}
+        for name, value in self.settings.items():
+            kind = kinds.get(name)
+            converted[name] = kind(value) if kind in (int, float) else value
+        return defaults.with_overrides(converted)  # ValueError names unknown settings
+
+
+ENVIRONMENTS = ("local", "ci")
+
+
+def resources_for_environment(env: str | None = None) -> dict[str, ConfigurableResource]:
+    """The resources of `env` (default `$SECLAKE_ENV`, else `local`).
+
+    - `local`: Spark with its UI, the home folder from `$SECLAKE_HOME` or `./seclake-home`.
+    - `ci`: no Spark UI and a smaller driver, for headless runs on small machines.
+
+    >>> sorted(resources_for_environment("local"))
+    ['lake', 'spark']
+    """
+    env = env or os.environ.get("SECLAKE_ENV") or "local"
+    if env == "local":
+        return {"spark": SparkResource(), "lake": LakeResource()}
+    if env == "ci":
+        return {"spark": SparkResource(ui=False, conf={"spark.driver.memory": "2g"}), "lake": LakeResource()}
+    raise ValueError(f"unknown SECLAKE_ENV {env!r}; expected one of {', '.join(ENVIRONMENTS)}")

@@ -1,0 +1,167 @@
+"""One asset per detection rule file, and the `alerts` table asset that gathers them.
+
+Model: every rule is a streaming query of its own (its own checkpoint, `rules/<slug>_v<version>`)
+appending to the one `alerts` table, so each rule asset (`rules/<slug>`) is the *producer* of
+its slice of `alerts`: materialising it runs that rule's query with AvailableNow and records
+how many alerts it added. The table asset (`<layer>/alerts`) depends on every rule asset and
+writes nothing itself; it records the table as a whole (rows per rule and severity). Adding a
+`.sql` file under `rules/` adds an asset on the next reload of the code location, no Python.
+
+A rule file that does not validate still gets its asset, described as invalid, whose
+materialisation fails with the validation error (not retried): one bad file neither breaks the
+code location nor disappears silently.
+"""
+import os
+import re
+from pathlib import Path
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    AssetsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    multi_asset,
+)
+
+from assets.resources import LakeResource, SparkResource
+from assets.stages import ALERTS_TABLE, StageError, run_stage
+from assets.tables import LAKE_POOL, RETRY_POLICY, as_failure, run_metadata, shared_table_asset, table_key
+from pipelines.lake.registry import Lake
+
+RULES_GROUP = "rules"
+DEFAULT_RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+
+
+def rules_dir_from_env() -> Path:
+    """`$SECLAKE_RULES` (as the CLI), else the repository's `rules/` folder."""
+    return Path(os.environ.get("SECLAKE_RULES") or DEFAULT_RULES_DIR)
+
+
+def rule_key(slug: str) -> AssetKey:
+    """`rules/<slug>`: the asset of one rule file (slug = file name without `.sql`)."""
+    return AssetKey([RULES_GROUP, slug])
+
+
+def _op_name(slug: str) -> str:
+    return "rule_" + re.sub(r"[^A-Za-z0-9_]", "_", slug)
+
+
+def _tag_value(value) -> str:
+    # Tag values: at most 63 characters of letters, digits, '-', '_', '.'.
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:63]
+
+
+def scan(rules_dir: Path):
+    """The rule pack of `rules_dir` (`pipelines.rules.pack.scan_rules`): valid rules and errors."""
+    from pipelines.rules.pack import scan_rules
+
+    return scan_rules(rules_dir)
+
+
+def _rule_metadata(rule) -> dict:
+    meta = {
+        "rule_id": rule.id,
+        "rule_name": rule.name,
+        "rule_version": rule.version,
+        "severity": rule.severity,
+        "mitre_attack": ", ".join(rule.mitre) or "-",
+        "tables": ", ".join(rule.tables),
+        "window": rule.window,
+        "watermark": rule.watermark,
+        "query": rule.query_name,
+        "checkpoint": f"checkpoints/{rule.checkpoint_name}",
+    }
+    if rule.false_positives:
+        meta["false_positives"] = MetadataValue.md("\n".join(f"- {fp}" for fp in rule.false_positives))
+    if rule.path is not None:
+        meta["rule_file"] = MetadataValue.path(str(rule.path))
+    return meta
+
+
+def rule_asset(rule) -> AssetsDefinition:
+    """The asset `rules/<slug>` of one valid rule: runs its query, which appends to `alerts`."""
+    from pipelines.rules.engine import MissingInputError, start_rule
+
+    known = set(Lake.names())
+    deps = [table_key(t) for t in rule.tables if t in known]
+    op_name = _op_name(rule.slug)
+
+    def start(spark, lake, settings, trigger):
+        return start_rule(spark, lake, settings, trigger, rule)
+
+    @multi_asset(
+        name=op_name,
+        specs=[AssetSpec(
+            key=rule_key(rule.slug),
+            description=f"{rule.name} (severity {rule.severity}; MITRE ATT&CK {', '.join(rule.mitre) or '-'})\n\n"
+                        f"{rule.description.strip()}",
+            group_name=RULES_GROUP,
+            kinds={"spark", "sql"},
+            deps=deps,
+            metadata=_rule_metadata(rule),
+            tags={"seclake/severity": _tag_value(rule.severity),
+                  **{f"mitre/{_tag_value(m)}": "" for m in rule.mitre}},
+        )],
+        can_subset=False,
+        pool=LAKE_POOL,
+        retry_policy=RETRY_POLICY,
+        op_tags={"seclake/rule": _tag_value(rule.slug)},
+    )
+    def _rule(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+        the_lake = lake.lake
+        try:
+            report = run_stage(spark.session, the_lake, lake.stream_settings, rule.query_name, start)
+        except StageError as err:
+            if err.error_class == MissingInputError.__name__:
+                # Nothing upstream has written the rule's input yet (no such events so far).
+                context.log.info(str(err))
+                return MaterializeResult(asset_key=rule_key(rule.slug),
+                                         metadata={"alerts_added": 0, "note": str(err), **_rule_metadata(rule)})
+            raise as_failure(err, the_lake) from err
+        context.log.info(report.line())
+        meta = run_metadata(report, ALERTS_TABLE if ALERTS_TABLE in known else None, the_lake)
+        meta["alerts_added"] = meta.pop("rows_out", report.rows_out.get(ALERTS_TABLE, 0))
+        return MaterializeResult(asset_key=rule_key(rule.slug), metadata={**_rule_metadata(rule), **meta})
+
+    return _rule
+
+
+def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> AssetsDefinition:
+    """The asset of a rule file that does not validate: its materialisation fails with `reason`."""
+    slug = slug or Path(path).stem
+
+    @multi_asset(
+        name=_op_name(slug),
+        specs=[AssetSpec(key=rule_key(slug), description=f"INVALID rule file, not deployed: {reason}",
+                         group_name=RULES_GROUP, kinds={"sql"},
+                         metadata={"rule_file": MetadataValue.path(str(path)), "error": reason},
+                         tags={"seclake/severity": "invalid"})],
+        can_subset=False,
+    )
+    def _invalid(context: AssetExecutionContext):
+        raise Failure(description=f"rule file {path} is not valid: {reason}", allow_retries=False)
+
+    return _invalid
+
+
+def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:
+    """One asset per `.sql` file under `rules_dir` plus the `alerts` table asset depending on them."""
+    folder = Path(rules_dir) if rules_dir else rules_dir_from_env()
+    if not folder.is_dir():
+        return []
+    pack = scan(folder)
+    assets = [rule_asset(rule) for rule in pack.rules]
+    taken = {r.slug for r in pack.rules}
+    for path, reason in sorted(pack.errors.items()):
+        slug = Path(path).stem
+        if slug in taken:  # a second file with a valid rule's name: key it apart
+            slug = next(f"{slug}_duplicate_{i}" for i in range(1, 1000) if f"{slug}_duplicate_{i}" not in taken)
+        taken.add(slug)
+        assets.append(invalid_rule_asset(path, reason, slug))
+    if ALERTS_TABLE in Lake.names():
+        keys = [rule_key(r.slug) for r in pack.rules]
+        assets.append(shared_table_asset(ALERTS_TABLE, keys, "one streaming query per rule file"))
+    return assets

@@ -1,0 +1,184 @@
+"""One asset per Delta table, built from the pipeline's stages and the table registry.
+
+Naming (one thing, one name): table `silver_dns` in layer `silver` is asset key `silver/dns`,
+group `silver`; its stage's op is named after the stage (`etl`) and checkpoints under
+`checkpoints/<stage>`. A stage that writes several tables in one query (`etl`) is one
+multi-asset with `can_subset=False`: materialising any of its tables runs its query once.
+"""
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    AssetsDefinition,
+    Backoff,
+    Failure,
+    Jitter,
+    MaterializeResult,
+    MetadataValue,
+    RetryPolicy,
+    TableColumn,
+    TableSchema,
+    multi_asset,
+)
+
+from assets.resources import LakeResource, SparkResource
+from assets.stages import StageError, StageInfo, run_stage
+from pipelines.jobs import QueryReport
+from pipelines.lake.registry import Lake
+
+# Every op that writes a table runs in this pool; give it limit 1 so that two runs never write
+# at once (docs/dagster.md: `dagster instance concurrency set seclake_lake 1`).
+LAKE_POOL = "seclake_lake"
+
+# Transient failures (a delta-rs commit conflict, another writer still holding a table's lock)
+# are retried after 5 s, 10 s, 20 s; a schema error raises Failure(allow_retries=False).
+RETRY_POLICY = RetryPolicy(max_retries=3, delay=5, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+
+KINDS = {"spark", "delta"}
+
+
+def table_key(table: str) -> AssetKey:
+    """The asset key of a registry table: layer, then the name without the layer prefix.
+
+    >>> table_key("silver_dns").to_user_string()
+    'silver/dns'
+    >>> table_key("quarantine").to_user_string()
+    'bronze/quarantine'
+    """
+    spec = Lake.spec(table)
+    short = table[len(spec.layer) + 1:] if table.startswith(f"{spec.layer}_") else table
+    return AssetKey([spec.layer, short])
+
+
+def table_definition_metadata(table: str) -> dict:
+    """Static metadata of a table asset: its column schema (shown in the UI), name, partitioning."""
+    spec = Lake.spec(table)
+    columns = [
+        TableColumn(name=f.name, type=f.dataType.simpleString(), description=(f.metadata or {}).get("comment"))
+        for f in spec.schema.fields
+    ]
+    return {
+        # The standard table keys (what dagster's TableMetadataSet writes; not exported in 1.13).
+        "dagster/column_schema": TableSchema(columns=columns),
+        "dagster/table_name": table,
+        "partition_by": ", ".join(spec.partition_by) or "(none)",
+    }
+
+
+def table_spec(table: str, deps: list[AssetKey] | tuple = ()) -> AssetSpec:
+    spec = Lake.spec(table)
+    return AssetSpec(
+        key=table_key(table),
+        description=spec.description,
+        group_name=spec.layer,
+        kinds=KINDS,
+        metadata=table_definition_metadata(table),
+        deps=list(deps),
+        tags={"seclake/layer": spec.layer},
+    )
+
+
+def run_metadata(report: QueryReport, table: str | None, lake: Lake, quarantine_table: str | None = None) -> dict:
+    """Materialisation metadata of one table written by a stage's run (or the stage as a whole)."""
+    meta: dict = {
+        "stage": report.name,
+        "rows_in": report.rows_in,
+        "batches": report.batches,
+        "duration_s": round(report.duration_s, 3),
+        "watermark": report.watermark or "-",
+        "state_rows": report.state_rows,
+        "late_rows": report.late_rows,
+        "stage_rows_out": MetadataValue.json(dict(report.rows_out)),
+        "summary": report.line(),
+    }
+    if table is not None:
+        meta["rows_out"] = report.rows_out.get(table, 0)
+        version = report.versions.get(table)
+        meta["version"] = version if version is not None else "-"
+        meta["path"] = MetadataValue.path(str(lake.path(table)))
+    if quarantine_table is not None:
+        meta["quarantine_rows"] = report.rows_out.get(quarantine_table, 0)
+    return meta
+
+
+def as_failure(err: StageError, lake: Lake) -> Failure:
+    """A Dagster Failure for a failed stage: schema errors (and other deterministic errors such
+    as an invalid rule) are not retried; anything else, e.g. a commit conflict, is."""
+    meta = {"python_error": err.python_error or "-", **run_metadata(err.report, None, lake)}
+    if not err.retriable:
+        return Failure(description=f"{err} ({err.error_class}: not retried, a retry would fail the same way)",
+                       metadata=meta, allow_retries=False)
+    return Failure(description=str(err), metadata=meta, allow_retries=True)
+
+
+def stage_asset(stage: StageInfo) -> AssetsDefinition:
+    """The multi-asset of one stage: one spec per table it writes, one query run per materialisation."""
+    deps = [table_key(t) for t in stage.reads]
+    quarantine = "quarantine" if "quarantine" in stage.writes else None
+
+    @multi_asset(
+        name=stage.name,
+        specs=[table_spec(t, deps) for t in stage.writes],
+        can_subset=False,
+        pool=LAKE_POOL,
+        retry_policy=RETRY_POLICY,
+        description=f"Streaming query `{stage.name}` run with Trigger.AvailableNow; writes "
+                    + ", ".join(f"`{t}`" for t in stage.writes),
+        op_tags={"seclake/stage": stage.name},
+    )
+    def _stage(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+        the_lake = lake.lake
+        try:
+            report = run_stage(spark.session, the_lake, lake.stream_settings, stage.name, stage.start)
+        except StageError as err:
+            raise as_failure(err, the_lake) from err
+        context.log.info(report.line())
+        for table in stage.writes:
+            yield MaterializeResult(asset_key=table_key(table),
+                                    metadata=run_metadata(report, table, the_lake, quarantine))
+
+    return _stage
+
+
+def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -> AssetsDefinition:
+    """The asset of a table that several queries append to (`alerts`, `late_events`).
+
+    Dagster gives an asset one producer, so the writers stay assets of their own (`writers`) and
+    this asset depends on all of them; it writes nothing, it records the table as a whole:
+    rows, and rows per rule / severity / stage when the table has such a column.
+    """
+
+    @multi_asset(
+        name=f"{table}_table",
+        specs=[table_spec(table, writers)],
+        can_subset=False,
+        description=f"`{table}` as a whole; written by {writer_label}, each an asset upstream of this one",
+    )
+    def _shared(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+        the_lake = lake.lake
+        meta: dict = {"path": MetadataValue.path(str(the_lake.path(table)))}
+        if not the_lake.exists(table):
+            meta.update({"dagster/row_count": 0, "note": f"{table} has not been written yet"})
+            return MaterializeResult(asset_key=table_key(table), metadata=meta)
+        df = the_lake.read(spark.session, table)
+        meta["dagster/row_count"] = df.count()
+        for label, candidates in (("rows_by_rule", ("rule_name", "rule_id")), ("rows_by_severity", ("severity",)),
+                                  ("rows_by_source", ("source", "stage", "query"))):
+            column = next((c for c in candidates if c in df.columns), None)
+            if column:
+                counts = {str(r[column]): r["count"] for r in df.groupBy(column).count().collect()}
+                meta[label] = MetadataValue.json(counts)
+        return MaterializeResult(asset_key=table_key(table), metadata=meta)
+
+    return _shared
+
+
+def stage_assets(stages: list[StageInfo]) -> list[AssetsDefinition]:
+    """One multi-asset per stage, and one asset per table several stages write."""
+    from assets.stages import shared_tables
+
+    assets = [stage_asset(s) for s in stages]
+    for table, writers in shared_tables(stages).items():
+        keys = [table_key(t) for w in writers for t in w.writes]
+        assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))
+    return assets
