@@ -1,0 +1,301 @@
+"""Analysts' SQL: one committed snapshot per table per statement, time travel, one-line errors, output."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import cli
+from pipelines.home import Home
+from pipelines.lake.registry import Lake
+from pipelines.schemas import SILVER_SCHEMAS
+from pipelines.sql import Database, SqlError, _Shell, connect, parse_as_of
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "notebooks" / "investigate_incident.ipynb"
+SIZES = (100, 200, 300)  # rows per committed version of the shared table: counts 100, 300, 600
+
+
+def _dns(spark: SparkSession, n: int, offset: int = 0, partitions: int = 1) -> DataFrame:
+    """`n` silver_dns rows over three event dates (so one batch commits several files)."""
+    schema = SILVER_SCHEMAS["silver_dns"]
+    base = int(datetime(2026, 11, 20, tzinfo=timezone.utc).timestamp())
+    df = spark.range(offset, offset + n, numPartitions=partitions).select(
+        F.format_string("e%d", "id").alias("event_id"),
+        (F.lit(base) + (F.col("id") % 3) * 86400 + F.col("id")).cast("timestamp").alias("event_time"),
+        F.format_string("q%d.example.com", F.col("id") % 7).alias("query"),
+        F.format_string("10.0.0.%d", F.col("id") % 50).alias("src_ip"),
+        F.array(F.lit("192.0.2.1"), F.lit("192.0.2.2")).alias("answers"),
+    ).withColumn("event_date", F.to_date("event_time"))
+    return df.select([F.col(f.name).cast(f.dataType) if f.name in df.columns
+                      else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
+def _home_with_versions(spark: SparkSession, root: Path) -> Home:
+    home = Home.resolve(root).create()
+    sink = Lake(home).sink("silver_dns")
+    offset = 0
+    for batch_id, n in enumerate(SIZES):
+        sink.write_batch(_dns(spark, n, offset), batch_id)
+        offset += n
+        time.sleep(0.3)  # commits far enough apart in time to travel between them
+    sink.close()
+    return home
+
+
+@pytest.fixture(scope="module")
+def home(spark, tmp_path_factory) -> Home:
+    return _home_with_versions(spark, tmp_path_factory.mktemp("sql") / "home")
+
+
+@pytest.fixture
+def db(spark, home) -> Database:
+    return connect(home.root, spark=spark)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _count(out: str) -> int:
+    return int(list(csv.reader(io.StringIO(out)))[1][0])
+
+
+# ---- consistency -------------------------------------------------------------------------------
+
+def test_queries_during_a_stream_see_only_whole_committed_batches(spark, tmp_path):
+    batch, batches = 240, 12
+    home = Home.resolve(tmp_path / "home").create()
+    source = tmp_path / "incoming"
+    # range() splits evenly: one file of exactly `batch` rows per micro-batch (maxFilesPerTrigger=1),
+    # and each commit adds 3 files (3 event dates) that a directory listing could see half-moved.
+    _dns(spark, batch * batches, partitions=batches).write.parquet(str(source))
+
+    sink = Lake(home).sink("silver_dns")
+    query = (spark.readStream.schema(SILVER_SCHEMAS["silver_dns"]).option("maxFilesPerTrigger", 1)
+             .parquet(str(source)).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(home.checkpoint("silver_dns")))
+             .trigger(processingTime="100 milliseconds").start())
+    db = connect(home.root, spark=spark)
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (not seen or seen[-1] < batch * batches):
+            if "silver_dns" in db.created():
+                seen.append(db.sql("SELECT count(*) AS n FROM silver_dns").first().n)
+        assert query.exception() is None
+    finally:
+        query.stop()
+        sink.close()
+    committed = db.history("silver_dns", limit=None).sort_values("version")["rows_added"].cumsum().tolist()
+    assert committed[-1] == batch * batches
+    assert seen and seen[-1] == batch * batches
+    assert all(n % batch == 0 and n in committed for n in seen), (seen, committed)
+    assert any(0 < n < batch * batches for n in seen), f"no query ran while the stream wrote: {seen}"
+
+
+def test_a_result_stays_on_its_snapshot_while_new_batches_commit(spark, tmp_path):
+    home = _home_with_versions(spark, tmp_path / "home")
+    db = connect(home.root, spark=spark)
+    before = db.sql("SELECT count(*) AS n FROM silver_dns")
+    table = db.table("silver_dns")
+    sink = Lake(home).sink("silver_dns")
+    sink.write_batch(_dns(spark, 50, 10_000), len(SIZES))
+    sink.close()
+    assert before.first().n == table.count() == sum(SIZES)
+    assert db.sql("SELECT count(*) AS n FROM silver_dns").first().n == sum(SIZES) + 50
+
+
+# ---- time travel ----------------------------------------------------------------------------------
+
+def test_time_travel_by_version_and_timestamp(db, capsys, home):
+    assert db.sql("SELECT count(*) AS n FROM silver_dns", as_of=0).first().n == 100
+    assert db.sql("SELECT count(*) AS n FROM silver_dns@v1").first().n == 300
+    both = db.sql("SELECT (SELECT count(*) FROM silver_dns) AS now, (SELECT count(*) FROM SILVER_DNS@v0) AS v0").first()
+    assert (both.now, both.v0) == (600, 100)
+    assert db.table("silver_dns", as_of="v1").count() == 300
+
+    commits = db.history("silver_dns").set_index("version")["timestamp"]
+    between = commits[1] + (commits[2] - commits[1]) / 2  # after version 1 was committed, before version 2
+    stamp = between.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
+    assert db.sql(f"SELECT count(*) AS n FROM silver_dns@{stamp}").first().n == 300
+    assert db.sql("SELECT count(*) AS n FROM silver_dns", as_of=stamp).first().n == 300
+
+    code, out, _ = run_cli(capsys, "sql", "--home", str(home.root), "--as-of", "0", "--format", "csv",
+                           "SELECT count(*) AS n FROM silver_dns")
+    assert (code, _count(out)) == (0, 100)
+    code, out, _ = run_cli(capsys, "sql", "--home", str(home.root), "--as-of", "2", "--format", "csv",
+                           "SELECT count(*) - (SELECT count(*) FROM silver_dns@v1) AS n FROM silver_dns")
+    assert (code, _count(out)) == (0, 300)  # the @ reference wins over --as-of for its table
+
+
+def test_parse_as_of():
+    assert parse_as_of("12") == parse_as_of("v12") == parse_as_of(12) == 12
+    assert parse_as_of("2026-11-20") == datetime(2026, 11, 20, tzinfo=timezone.utc)
+    assert parse_as_of("2026-11-20T12:00:00+02:00") == datetime(2026, 11, 20, 10, tzinfo=timezone.utc)
+    with pytest.raises(ValueError, match="bad as-of 'yesterday'"):
+        parse_as_of("yesterday")
+
+
+# ---- errors: one line, exit code 2 ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["SELECT * FROM silver_dnss"], "unknown table 'silver_dnss'; did you mean 'silver_dns'? (known: silver_dns)"),
+    (["SELECT * FROM silver_conn"], "table 'silver_conn' is not created yet"),
+    (["SELECT * FORM silver_dns"], "syntax error at line 1, pos 14: near 'silver_dns'"),
+    (["SELECT count(*)\nFROM silver_dns@v1 WHER x"], "syntax error at line 2, pos 24: near 'x'"),
+    (["SELECT nope FROM silver_dns"], "`nope` cannot be resolved"),
+    (["SELECT * FROM silver_dns@v9"], "silver_dns has no version 9"),
+    (["SELECT * FROM silver_dns@yesterday"], "bad time-travel reference 'silver_dns@yesterday'"),
+    (["--as-of", "last week", "SELECT 1"], "bad as-of 'last week'"),
+    (["SELECT * FROM silver_dns VERSION AS OF 1"], "write silver_dns@v12"),
+    (["SELECT * FROM parquet.`/etc`"], "unknown table 'parquet./etc'"),
+    (["SET spark.sql.runSQLOnFiles=true"], "seclake sql only reads: 'SET' statements are not allowed"),
+    (["CREATE TEMPORARY VIEW v USING parquet OPTIONS (path '/etc')"], "only reads: 'CREATE'"),
+    (["WITH x AS (SELECT 1 AS a) INSERT INTO silver_dns SELECT * FROM x"], "this statement contains INSERT"),
+    (["SELECT raise_error('boom') FROM silver_dns"], "boom"),
+])
+def test_errors_print_one_line_and_exit_2(capsys, home, argv, expected):
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), *argv)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seclake sql: "), err
+    assert expected in lines[0]
+    assert "Traceback" not in err and "org.apache" not in err and "SQLSTATE" not in err
+
+
+def test_a_home_without_tables_is_one_line_before_spark(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "sql", "--home", str(tmp_path / "nowhere"), "SELECT 1")
+    assert code == 2 and err.strip() == f"seclake sql: {tmp_path / 'nowhere'} is not a seclake home " \
+                                        "(no tables/ folder); pass --home/home= or set SECLAKE_HOME"
+
+
+def test_python_api_raises_sql_error(db):
+    with pytest.raises(SqlError, match="unknown table 'nope'"):
+        db.sql("SELECT * FROM nope")
+    with pytest.raises(SqlError, match="exactly one statement, got 2"):
+        db.sql("SELECT 1; SELECT 2")
+
+
+# ---- output -----------------------------------------------------------------------------------------
+
+QUERY = "SELECT event_id, query, answers, event_time FROM silver_dns WHERE event_id IN ('e1', 'e2', 'e3') ORDER BY event_id"
+
+
+def test_output_formats_and_row_limit(capsys, home):
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), "--limit", "2", QUERY)
+    assert code == 0 and err == ""
+    assert out.splitlines() == [
+        "event_id | query          | answers                | event_time",
+        "---------+----------------+------------------------+--------------------",
+        "e1       | q1.example.com | [192.0.2.1, 192.0.2.2] | 2026-11-21 00:00:01",
+        "e2       | q2.example.com | [192.0.2.1, 192.0.2.2] | 2026-11-22 00:00:02",
+        "(showing first 2 rows)",
+    ]
+
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), "--limit", "2", "--format", "csv", QUERY)
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == ["event_id", "query", "answers", "event_time"]
+    assert rows[1] == ["e1", "q1.example.com", "[192.0.2.1, 192.0.2.2]", "2026-11-21 00:00:01"]
+    assert len(rows) == 3 and err == "(showing first 2 rows)\n"
+
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), "--limit", "0", "--format", "json", QUERY)
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 3 and err == ""
+    assert records[0] == {"event_id": "e1", "query": "q1.example.com", "answers": ["192.0.2.1", "192.0.2.2"],
+                          "event_time": "2026-11-21T00:00:01.000Z"}
+
+    code, out, _ = run_cli(capsys, "sql", "--home", str(home.root), "--limit", "0",
+                           "SELECT 1 AS a; SELECT CAST(NULL AS STRING) AS b")
+    assert out.splitlines() == ["a", "-", "1", "(1 row)", "", "b", "----", "NULL", "(1 row)"]
+
+
+def test_tables_and_history(capsys, home, db):
+    code, out, _ = run_cli(capsys, "tables", "--home", str(home.root))
+    row = next(l for l in out.splitlines() if l.startswith("silver_dns "))
+    cells = [c.strip() for c in row.split("|")]
+    assert code == 0 and cells[:5] == ["silver_dns", "silver", "2", "600", str(db.tables().set_index("name").files["silver_dns"])]
+    assert cells[-1] == "event_date"
+    assert "not created yet" in next(l for l in out.splitlines() if l.startswith("silver_conn "))
+
+    code, out, _ = run_cli(capsys, "history", "silver_dns", "--home", str(home.root), "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["version"], r["operation"], r["app_id"], r["batch_id"], r["rows_added"]) for r in rows] == [
+        ("2", "WRITE", "silver_dns", "2", "300"), ("1", "WRITE", "silver_dns", "1", "200"),
+        ("0", "CREATE TABLE", "silver_dns", "0", "100")]
+
+    listing = db.tables().set_index("name")
+    assert listing.loc["silver_dns", ["version", "rows"]].tolist() == [2, 600]
+    assert not listing.loc["silver_conn", "exists"]
+
+
+# ---- rule SQL and the shell ---------------------------------------------------------------------
+
+RULE = """\
+/*
+id: 6f1c2a8e-0000-4000-8000-000000000001
+name: Many distinct queries from one host
+severity: medium
+description: a host asking for many names; the old version read FROM secret_table@v1;
+*/
+-- threshold: distinct names per host (tuned on a normal day); see silver_conn@2026-01-01 too
+WITH per_host AS (
+    SELECT src_ip, count(DISTINCT query) AS names   -- '; is not a terminator in a comment
+    FROM silver_dns
+    GROUP BY src_ip
+)
+SELECT src_ip, names FROM per_host WHERE names >= 7 ORDER BY src_ip;
+"""
+
+
+def test_rule_sql_with_a_metadata_header_runs_unchanged(capsys, home, db):
+    assert db.sql(RULE).count() == 50
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), "--format", "csv", "--limit", "0", RULE)
+    assert code == 0 and err == "" and len(out.splitlines()) == 51
+
+
+def test_shell_runs_multi_line_statements_and_survives_errors(db):
+    lines = iter([
+        ".tables",
+        "SELECT count(*) AS n",
+        "  FROM silver_dns;",
+        "SELECT * FROM nope;",
+        ".as-of 0",
+        ".format csv",
+        "SELECT count(*) AS n FROM silver_dns; SELECT 'a;b' AS s;",
+        ".limit x",
+        "\\q",
+        "SELECT 'never read';",
+    ])
+
+    def read_line(prompt: str) -> str:
+        return next(lines)
+
+    out, err = io.StringIO(), io.StringIO()
+    assert _Shell(db, "table", 100, None, out, err).run(read_line) == 0
+    text = out.getvalue()
+    assert "silver_dns " in text and "not created yet" in text
+    assert "n\n---\n600\n(1 row)\n" in text
+    assert "n\n100\ns\na;b\n" in text
+    assert err.getvalue().splitlines() == [
+        "error: unknown table 'nope' (known: silver_dns)",
+        "error: unknown or incomplete command '.limit x'; .help lists them",
+    ]
+
+
+# ---- the notebook ----------------------------------------------------------------------------------
+
+def test_notebook_code_cells_compile():
+    notebook = json.loads(NOTEBOOK.read_text())
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert cells and notebook["nbformat"] == 4
+    for i, cell in enumerate(cells):
+        compile("".join(cell["source"]), f"{NOTEBOOK.name}[{i}]", "exec")
