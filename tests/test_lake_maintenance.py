@@ -110,5 +110,5 @@ def test_stream_behind_log_cleanup_fails_clearly(spark, tmp_path):
 
 def test_maintenance_on_a_missing_table_names_it(tmp_path):
     for operation in (compact, vacuum, checkpoint):
-        with pytest.raises(ValueError, match=f"no Delta table at '{tmp_path / 'nope'}'"):
+        with pytest.raises(ValueError, match=f"no Delta table at {tmp_path / 'nope'}$"):
             operation(tmp_path / "nope")

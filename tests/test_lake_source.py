@@ -222,12 +222,10 @@ def test_a_commit_that_removes_data_fails_the_stream(spark, tmp_path):
 
 
 def test_missing_table_and_bad_options_are_value_errors(spark, tmp_path):
-    missing = tmp_path / "nope"
-    with pytest.raises(ValueError, match=f"no Delta table at '{missing}'"):
-        read_stream(spark, missing)
     (tmp_path / "plain").mkdir()
-    with pytest.raises(ValueError, match="no _delta_log"):
-        read_stream(spark, tmp_path / "plain")
+    for missing in (tmp_path / "nope", tmp_path / "plain"):  # no folder; a folder without a log
+        with pytest.raises(ValueError, match=f"no Delta table at {missing}; create it"):
+            read_stream(spark, missing)
     append(tmp_path / "t", events(0, 1, 1))
     with pytest.raises(ValueError, match="maxFilesPerTrigger must be a positive integer, not '0'"):
         read_stream(spark, tmp_path / "t", max_files=0)

@@ -10,9 +10,7 @@ import json
 import os
 from typing import Any
 
-from deltalake import DeltaTable
-
-from pipelines.lake.source import table_root
+from pipelines.lake.read import open_table
 
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # one Spark read task's worth (spark.sql.files.maxPartitionBytes)
 
@@ -30,7 +28,7 @@ def compact(path: str | os.PathLike, target_size: int = DEFAULT_TARGET_SIZE) -> 
     """
     if target_size <= 0:
         raise ValueError(f"target_size must be a positive number of bytes, not {target_size!r}")
-    metrics = _table(path).optimize.compact(target_size=target_size)
+    metrics = open_table(path).optimize.compact(target_size=target_size)
     # delta-rs reports the two size summaries as JSON text.
     return {key: json.loads(value) if key in ("filesAdded", "filesRemoved") else value
             for key, value in metrics.items()}
@@ -55,7 +53,7 @@ def vacuum(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = 
     # full=True: without it delta-rs only considers files removed through the log and never
     # finds orphans. The retention asked for here is the safety margin, so delta-rs's own
     # minimum (delta.deletedFileRetentionDuration) does not override it.
-    return _table(path).vacuum(retention_hours=retention_hours, dry_run=dry_run,
+    return open_table(path).vacuum(retention_hours=retention_hours, dry_run=dry_run,
                                enforce_retention_duration=False, full=True)
 
 
@@ -71,15 +69,8 @@ def checkpoint(path: str | os.PathLike, cleanup: bool = False) -> int:
     >>> checkpoint(home.table("silver_dns"), cleanup=True)
     1440
     """
-    table = _table(path)
+    table = open_table(path)
     table.create_checkpoint()
     if cleanup:
         table.cleanup_metadata()
     return table.version()
-
-
-def _table(path: str | os.PathLike) -> DeltaTable:
-    root = str(table_root(path))
-    if not DeltaTable.is_deltatable(root):
-        raise ValueError(f"no Delta table at {root!r}")
-    return DeltaTable(root)

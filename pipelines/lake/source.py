@@ -23,6 +23,8 @@ The file index lets a read limit split a big version (or the snapshot) across ba
 Only `add` actions with `dataChange: true` are data: compaction re-adds rows with
 `dataChange: false` and is skipped. A commit that removes data (`remove` with
 `dataChange: true`: a delete or an overwrite) fails the stream; sources must be append-only.
+A table that does not exist yet is an error naming its path, not an empty stream: the
+stream's schema comes from the table's log.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from pipelines.lake.read import open_table
 from pipelines.lake.schema import delta_to_spark, merge_schemas, spark_to_arrow
 
 SOURCE_NAME = "seclake_delta"
@@ -58,8 +61,6 @@ OPTIONS = ("path", "startingVersion", "maxFilesPerTrigger", "maxBytesPerTrigger"
 # One Spark task reads at most this much; smaller batches are spread over the cores.
 MAX_PARTITION_BYTES = 128 * 1024 * 1024
 ARROW_BATCH_ROWS = 64 * 1024
-# Reader features whose files this source cannot read correctly (DESIGN.md: detect and fail).
-UNSUPPORTED_FEATURES = ("deletionVectors", "columnMapping")
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
 
@@ -107,46 +108,6 @@ class FileGroup(InputPartition):
         return f"FileGroup({len(self.files)} files, {sum(f.size for f in self.files)} bytes)"
 
 
-def table_root(path: str | os.PathLike) -> Path:
-    """Absolute local folder of a table path (`file://` URIs accepted).
-
-    >>> str(table_root("file:///tmp/t"))
-    '/tmp/t'
-    """
-    text = os.fspath(path)
-    parsed = urlparse(text)
-    if parsed.scheme == "file":
-        text = unquote(parsed.path)
-    elif parsed.scheme:
-        raise ValueError(f"seclake reads tables on the local file system only, not {text!r}")
-    return Path(text).expanduser().resolve()
-
-
-def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTable:
-    """Open the Delta table at `path` (at `version`, else the latest) if seclake can read its
-    files as plain Parquet; otherwise raise a ValueError naming the path.
-
-    A table that does not exist yet is an error rather than an empty stream: its schema is
-    unknown until the first commit, so run the job that creates it first.
-
-    >>> open_table(home.table("silver_dns")).version()
-    1440
-    """
-    root = table_root(path)
-    if not DeltaTable.is_deltatable(str(root)):
-        reason = "no such folder" if not root.exists() else "no _delta_log in it"
-        raise ValueError(f"no Delta table at {str(root)!r} ({reason}); "
-                         "create the table (run its upstream job once) before streaming from it")
-    table = DeltaTable(str(root), version=version)
-    unsupported = set(table.protocol().reader_features or ()).intersection(UNSUPPORTED_FEATURES)
-    if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
-        unsupported.add("columnMapping")
-    if unsupported:
-        raise ValueError(f"Delta table {str(root)!r} uses {', '.join(sorted(unsupported))}, "
-                         "which seclake's Parquet-based readers do not support")
-    return table
-
-
 class DeltaStreamSource(DataSource):
     """`spark.readStream.format("seclake_delta")`: the rows appended to a Delta table.
 
@@ -162,7 +123,7 @@ class DeltaStreamSource(DataSource):
             raise ValueError(f"seclake_delta: unknown option(s) {unknown}; known: {list(OPTIONS)}")
         if not options.get("path"):
             raise ValueError("seclake_delta: option 'path' (the Delta table folder) is required")
-        self.path = str(table_root(options["path"]))
+        self.path = str(Path(options["path"]).expanduser().resolve())
         self.starting_version = _starting_version(options.get("startingVersion"))
         self.max_files = _positive_int(options, "maxFilesPerTrigger")
         self.max_bytes = _positive_int(options, "maxBytesPerTrigger")
@@ -172,6 +133,10 @@ class DeltaStreamSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
+        if not DeltaTable.is_deltatable(self.path):
+            # Not an empty stream: the schema comes from the table's log, so it must exist first.
+            raise ValueError(f"no Delta table at {self.path}; create it (run its upstream job once) "
+                             "before streaming from it")
         table = open_table(self.path)
         if isinstance(self.starting_version, int):
             if self.starting_version > table.version():
@@ -348,11 +313,13 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._snapshots[version]
 
     def _file_path(self, path: str) -> str:
-        # Delta paths are URL-encoded and relative to the table, or absolute URIs.
+        # Delta paths are URL-encoded, relative to the table or absolute URIs.
         parsed = urlparse(path)
-        if parsed.scheme:
-            return str(table_root(path))
-        return os.path.join(self.path, unquote(path))
+        if not parsed.scheme:
+            return os.path.join(self.path, unquote(path))
+        if parsed.scheme != "file":
+            raise ValueError(f"Delta table {self.path!r} references {path!r}; seclake_delta reads local files only")
+        return unquote(parsed.path)
 
     def _typed_partition_values(self, raw: dict[str, str | None]) -> dict[str, Any]:
         if self._partition_types is None:
@@ -496,7 +463,7 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     ...     .option("checkpointLocation", str(home.checkpoint("enriched_dns")))
     ...     .foreachBatch(write_batch).start().awaitTermination())
     """
-    options = {"path": str(table_root(path))}
+    options = {"path": str(Path(path).expanduser().resolve())}
     if starting_version is not None:
         options["startingVersion"] = str(starting_version)
     if max_files is not None:
