@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from operator import itemgetter
 from pathlib import Path
 
 from .mess import apply_mess
@@ -51,6 +52,7 @@ DEFAULTS = {
 }
 MIN_HOURS = 0.1
 MAX_HOSTS = 5000
+_first = itemgetter(0)
 STREAMS = (("zeek", "conn"), ("zeek", "dns"), ("zeek", "dhcp"), ("suricata", "eve"))
 
 
@@ -189,7 +191,8 @@ def _clean(out: Path, overwrite: bool) -> None:
 _CTX: dict = {}
 
 
-def _bucket(items, base: int, n: int, with_kind: bool):
+def _bucket(items, base: int, n: int) -> dict[int, list]:
+    """Split lines by the hourly file their write time falls in (clamped to the window)."""
     out: dict[int, list] = {}
     for it in items:
         i = (it[0] - base) // HOUR
@@ -197,7 +200,7 @@ def _bucket(items, base: int, n: int, with_kind: bool):
         b = out.get(i)
         if b is None:
             b = out[i] = []
-        b.append(it if with_kind else it)
+        b.append(it)
     return out
 
 
@@ -224,9 +227,9 @@ def _background_hour(j: int):
             tr.track = tracked.setdefault(dev.idx, [])
         tr.device_hour(dev, spans, h0, hod)
         tr.track = None
-    zk = [_bucket(sink.conn, base, n, False), _bucket(sink.dns_z, base, n, False),
-          _bucket(sink.dhcp_z, base, n, False)]
-    return j, zk, _bucket(sink.eve, base, n, True), tracked
+    zk = [_bucket(sink.conn, base, n), _bucket(sink.dns_z, base, n),
+          _bucket(sink.dhcp_z, base, n)]
+    return j, zk, _bucket(sink.eve, base, n), tracked
 
 
 # --- the generator ---------------------------------------------------------------------------
@@ -365,9 +368,9 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
                          "note": "spoofed DISCOVERs come from 0.0.0.0 with random MACs; host_ip/mac "
                                  "name the attacking laptop, which the DHCP logs do not show"}
     emit_scenarios(org, plan, incidents, main, seed, window)
-    main_z = [_bucket(main.conn, base, n_files, False), _bucket(main.dns_z, base, n_files, False),
-              _bucket(main.dhcp_z, base, n_files, False)]
-    main_e = _bucket(main.eve, base, n_files, True)
+    main_z = [_bucket(main.conn, base, n_files), _bucket(main.dns_z, base, n_files),
+              _bucket(main.dhcp_z, base, n_files)]
+    main_e = _bucket(main.eve, base, n_files)
 
     # 3. background traffic per hour, possibly in parallel; files assembled in hour order
     tracked = set(by_dev)
@@ -416,14 +419,12 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
             zl[z].extend(main_z[z].get(i, ()))
         el.extend(main_e.get(i, ()))
         hour_events = 0
-        for (sensor, kind), items in zip(STREAMS, ([(w, ZEEK_KINDS[0], l) for w, l in zl[0]],
-                                                   [(w, ZEEK_KINDS[1], l) for w, l in zl[1]],
-                                                   [(w, ZEEK_KINDS[2], l) for w, l in zl[2]], el)):
-            items.sort(key=lambda x: x[0])
+        for (sensor, kind), items in zip(STREAMS, (zl[0], zl[1], zl[2], el)):
+            items.sort(key=_first)
             mrng = random.Random(f"{seed}:mess:{window}:{sensor}:{kind}:{i}")
             tsv = sensor == "zeek" and not zeek_json
             lines, stats = apply_mess(items, mrng, tsv, rates["duplicate_rate"], rates["malformed_rate"],
-                                      rates["out_of_order_rate"])
+                                      rates["out_of_order_rate"], kind=kind if sensor == "zeek" else None)
             body = "\n".join(lines) + ("\n" if lines else "")
             if tsv:
                 body = zeek_header(kind, max(h_us, S)) + body + zeek_footer(close_us)
