@@ -428,3 +428,50 @@ def test_live_mode_stops_cleanly_on_ctrl_c(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["totals"]["files"] == len(list((out / "landing").rglob("*.*")))
     assert not list(out.rglob(".*"))
+
+
+def _real_fields(path: Path) -> list[str]:
+    import gzip
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.startswith("#fields"):
+                return line.rstrip("\n").split("\t")[1:]
+    raise AssertionError(f"no #fields in {path}")
+
+
+def test_formats_match_the_real_sensor_logs(real_logs, day):
+    """Same headers, field sets and EVE layouts as the captured Zeek and Suricata logs."""
+    out, _, got = day
+    ours = (out / "landing" / "zeek" / "dhcp.2026-11-20-00-00-00.log").read_text().splitlines()
+    with open(real_logs / "zeek-tsv-labeled" / "dhcp.log.labeled") as f:
+        real = f.read().splitlines()
+    assert ours[:4] == real[:4]                                        # #separator .. #unset_field
+    labels = ["label", "detailedlabel"]
+    assert ours[6].split("\t")[1:] + labels == real[6].split("\t")[1:]
+    assert ours[7].split("\t")[1:] == real[7].split("\t")[1:-2]       # #types
+    assert list(DNS_FIELDS) == _real_fields(real_logs / "zeek-tsv" / "dns.log.gz")
+    real_conn = _real_fields(real_logs / "zeek-tsv-labeled" / "conn.log.labeled")[:-2]
+    our_conn = (out / "landing" / "zeek" / "conn.2026-11-20-00-00-00.log").read_text().splitlines()[6].split("\t")[1:]
+    assert our_conn[:len(real_conn)] == real_conn and our_conn[len(real_conn):] == ["ip_proto", "community_id"]
+    real_eve: dict[str, dict] = {}
+    with open(real_logs / "suricata" / "eve.json") as f:
+        for line in f:
+            obj = json.loads(line)
+            key = obj["event_type"] + ("/" + obj["dns"]["type"] if obj["event_type"] == "dns" else "")
+            real_eve.setdefault(key, obj)
+    mine: dict[str, dict] = {}
+    for (sensor, kind), rows in got["rows"].items():
+        if sensor == "suricata":
+            for obj in rows:
+                key = kind + ("/" + obj["dns"]["type"] if kind == "dns" else "")
+                mine.setdefault(key, obj)
+    for key in ("alert", "flow", "dns/query", "dns/answer"):
+        r, m = real_eve[key], mine[key]
+        assert set(r) - {"pcap_cnt"} <= set(m), (key, set(r) - set(m))
+        sub = key.split("/")[0]
+        assert set(r[sub]) - {"metadata"} <= set(m[sub]), (key, set(r[sub]) - set(m[sub]))
+    assert set(real_eve["dns/answer"]["dns"]["answers"][0]) == set(mine["dns/answer"]["dns"]["answers"][0])
+    real_dhcp = [json.loads(l) for l in open(real_logs / "zeek-json" / "dhcp.log")]
+    keys = set().union(*real_dhcp)
+    assert keys <= set(ours[6].split("\t")[1:])
