@@ -144,9 +144,15 @@ def plan_scenarios(org: Org, plan: Plan, seed: int, window: int = 0
     plan.presence[b.idx] = clip([Seg(t_b, E, sub, take_ip_of=a.idx)], S, E)
     inc.append(Incident("ids_alert_reused_ip", a, t_alert, t_alert, extra={"b": b, "t_b": t_b}))
 
-    # the rest need an actor online at their time
+    # the rest need an actor online at their time; never one of the scripted devices above,
+    # whose segments (release, hand-over, roaming) must stay as written
+    scripted = {lap.idx, a.idx, b.idx}
+
     def actor(pool: list[Device]) -> Device:
-        return _pick(rng, pool, used)
+        free = [d for d in pool if d.idx not in scripted]
+        if not free:
+            free = [d for d in clients if d.idx not in scripted] or pool
+        return _pick(rng, free, used)
 
     t0 = at(0.12)
     dur = min(TUNNEL_WINDOW, W // 6)
