@@ -1,0 +1,314 @@
+"""Streaming execution of rules: one query per rule, all appending to the `alerts` table.
+
+Per rule: a fresh child session (its own temp views, `spark.sql.runSQLOnFiles=false`), each
+table it reads registered as a temp view over `read_stream(...)` with the rule's watermark,
+`spark.sql(rule.sql)` as the streaming DataFrame, and a `foreachBatch` writer that turns its
+rows into alerts, drops the alert ids the table already holds and commits through DeltaSink
+(app_id per rule version and checkpoint, so a replayed batch commits nothing).
+
+A rule that cannot start (missing input table, analysis error) gives a `RunningQuery` whose
+query is a `FailedQuery` carrying the error: the other rules start and run regardless.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.jobs import RunningQuery, Starter
+from pipelines.lake.registry import Lake
+from pipelines.lake.sink import DeltaSink
+from pipelines.lake.source import read_stream
+from pipelines.rules.alerts import ALERTS_PARTITION_BY, alert_frame, ensure_alerts_table, unseen
+from pipelines.rules.pack import default_rules_dir, scan_rules
+from pipelines.rules.spec import Rule, RuleError, query_name
+from pipelines.rules.tables import ALERTS_TABLE, table_path
+from pipelines.settings import Settings
+
+log = logging.getLogger("seclake.rules")
+
+CHECKPOINT_MARKER = "seclake_rule.json"
+
+
+class MissingInputError(RuntimeError):
+    """A table the rule reads does not exist yet (nothing has written it); retried on sync."""
+
+
+@dataclass
+class RuleBatch:
+    """What one micro-batch of a rule query wrote (the `history` item `jobs.report` reads)."""
+
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    already_known: int = 0
+    skipped: bool = False
+
+
+class AlertWriter:
+    """The `foreachBatch` function of one rule query.
+
+    >>> writer = AlertWriter(lake.home.table("alerts"), rule, app_id="rule:...:v1:ab12cd34")  # doctest: +SKIP
+    >>> spark.sql(rule.sql).writeStream.foreachBatch(writer)  # doctest: +SKIP
+    """
+
+    def __init__(self, alerts_path: str | os.PathLike, rule: Rule, app_id: str, checkpoint_interval: int = 100) -> None:
+        self.rule = rule
+        self.content_hash = rule.content_hash
+        self.alerts_path = Path(alerts_path)
+        self.sink = DeltaSink(self.alerts_path, app_id=app_id, partition_by=ALERTS_PARTITION_BY,
+                              checkpoint_interval=checkpoint_interval)
+        self.history: list[RuleBatch] = []
+
+    def __call__(self, rows: DataFrame, batch_id: int) -> None:
+        alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
+        try:
+            fresh = unseen(alerts, self.alerts_path, self.rule).persist()
+            total, new = alerts.count(), fresh.count()
+            result = self.sink.write_batch(fresh, batch_id)
+            fresh.unpersist()
+        finally:
+            alerts.unpersist()
+        stats = RuleBatch(batch_id, already_known=total - new, skipped=result.skipped)
+        if result.version is not None:
+            stats.rows[ALERTS_TABLE] = result.rows
+            stats.versions[ALERTS_TABLE] = result.version
+        self.history.append(stats)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class IdleWriter:
+    """The writer of a rule query that never started: no batches, nothing to close."""
+
+    def __init__(self, rule: Rule | None, content_hash: str) -> None:
+        self.rule = rule
+        self.content_hash = content_hash
+        self.history: list[RuleBatch] = []
+
+    def close(self) -> None:
+        pass
+
+
+class FailedQuery:
+    """Stands in for the StreamingQuery of a rule that could not start: inactive, with the
+    error as its exception, so reports and `jobs.stream` treat it like a query that failed."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        self.name = name
+        self.error = error
+        self.id = None
+        self.isActive = False
+        self.recentProgress: list = []
+        self.lastProgress = None
+        self.status = {"message": f"not started: {error}", "isDataAvailable": False, "isTriggerActive": False}
+
+    def exception(self) -> BaseException:
+        return self.error
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
+def rule_session(spark: SparkSession) -> SparkSession:
+    """A child session for one rule: own temp views, shared SparkContext, files not readable by SQL."""
+    session = spark.newSession()
+    session.conf.set("spark.sql.runSQLOnFiles", "false")
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    return session
+
+
+def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
+    """The DeltaSink app_id of this rule version's checkpoint, created with it.
+
+    The app_id names the checkpoint's incarnation too: after a checkpoint is deleted (a
+    re-run from scratch) batch ids restart at 0 and must not be taken for already-committed
+    ones. A checkpoint made by different SQL under the same version is refused.
+    """
+    marker = checkpoint / CHECKPOINT_MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+        if info.get("logic_hash") != rule.logic_hash:
+            raise RuleError(f"rule {rule.slug} v{rule.version}: its SQL, window or keys changed since "
+                            f"{checkpoint} was made; bump `version` (a new version gets a new checkpoint)")
+        return info["app_id"]
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    info = {"rule_id": rule.id, "version": rule.version, "logic_hash": rule.logic_hash,
+            "app_id": f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"}
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, marker)
+    return info["app_id"]
+
+
+def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, rule: Rule) -> RunningQuery:
+    """Start `rule` as its own streaming query writing to the alerts table; never raises:
+    a rule that cannot start comes back as a RunningQuery whose query is a FailedQuery.
+
+    >>> running = start_rule(spark, lake, Settings(), {"availableNow": True}, rule)  # doctest: +SKIP
+    >>> running.query.awaitTermination(); running.writer.close()  # doctest: +SKIP
+    """
+    writer: AlertWriter | None = None
+    try:
+        missing = [t for t in rule.tables if not (table_path(lake, t) / "_delta_log").is_dir()]
+        if missing:
+            raise MissingInputError(f"rule {rule.slug}: input table(s) {missing} do not exist yet")
+        checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+        app_id = claim_checkpoint(checkpoint, rule)
+        alerts_path = table_path(lake, ALERTS_TABLE)
+        ensure_alerts_table(alerts_path, settings.checkpoint_interval)
+        session = rule_session(spark)
+        for table in rule.tables:
+            # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of
+            # event time in every file, so splitting it by files would make the later files look late.
+            (read_stream(session, table_path(lake, table))
+             .withWatermark(rule.event_time, rule.watermark)
+             .createOrReplaceTempView(table))
+        rows = session.sql(rule.sql)
+        alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
+        writer = AlertWriter(alerts_path, rule, app_id, settings.checkpoint_interval)
+        query = (rows.writeStream
+                 .queryName(rule.query_name)
+                 .outputMode("append")
+                 .foreachBatch(writer)
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(**trigger)
+                 .start())
+        return RunningQuery(rule.query_name, query, writer, (ALERTS_TABLE,))
+    except Exception as exc:  # isolation: one broken rule must not stop the others
+        log.error("rule %s did not start: %s", rule.slug, str(exc).splitlines()[0] if str(exc) else repr(exc))
+        if writer is not None:
+            writer.close()
+        return RunningQuery(rule.query_name, FailedQuery(rule.query_name, exc),
+                            IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
+
+
+def invalid_rule(name: str, reason: str, content_hash: str) -> RunningQuery:
+    """The RunningQuery of a rule file that did not validate: failed, with the reason."""
+    return RunningQuery(name, FailedQuery(name, RuleError(reason)), IdleWriter(None, content_hash), (ALERTS_TABLE,))
+
+
+def stop_rule(running: RunningQuery, patience_s: float = 60.0) -> None:
+    """Stop a rule query between micro-batches (a stop mid-batch is safe but replays it) and release its sink."""
+    query = running.query
+    deadline = time.monotonic() + patience_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    query.stop()
+    running.writer.close()
+
+
+def _file_hash(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[tuple[str, Starter]]:
+    """One stage per rule file for `jobs.stages()`: `(rule:<slug>, starter)`; an invalid rule
+    is a stage too, whose query fails with the validation error (so run-once reports it).
+
+    >>> [name for name, _ in rule_stages("rules")][:2]  # doctest: +SKIP
+    ['rule:c2_beaconing', 'rule:dga_nxdomain_burst']
+    """
+    pack = scan_rules(rules_dir or default_rules_dir())
+    stages: list[tuple[str, Starter]] = []
+    for rule in pack.rules:
+        stages.append((rule.query_name, functools.partial(start_rule, rule=rule)))
+    for path, reason in pack.errors.items():
+        stages.append((query_name(path.stem),
+                       functools.partial(_start_invalid, query_name(path.stem), reason, _file_hash(path))))
+    return stages
+
+
+def _start_invalid(name: str, reason: str, content_hash: str, spark, lake, settings, trigger) -> RunningQuery:
+    return invalid_rule(name, reason, content_hash)
+
+
+@dataclass
+class SyncResult:
+    """What one `RuleManager.sync` changed; `invalid` maps a rule file name to its error."""
+
+    started: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    invalid: dict[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.started or self.restarted or self.stopped)
+
+
+class RuleManager:
+    """Hot deploy for `seclake stream`: `sync` makes the rule queries in `running` match the
+    rules folder, touching only what changed.
+
+    - a new rule file: its query starts;
+    - a changed file (any edit: new version, new SQL, new severity): its query restarts, on
+      the checkpoint of its (possibly new) version;
+    - a removed file: its query stops;
+    - a file that no longer validates: the running version keeps running, the error is
+      logged once per content;
+    - a rule that could not start because an input table did not exist yet: retried.
+
+    Queries that are not rules (no `rule:` name) are never touched.
+
+    >>> manager = RuleManager("rules")
+    >>> running = [start(spark, lake, settings, trigger) for _, start in stages()]  # doctest: +SKIP
+    >>> manager.sync(spark, lake, settings, trigger, running)  # every few seconds  # doctest: +SKIP
+    """
+
+    def __init__(self, rules_dir: str | os.PathLike | None = None) -> None:
+        self.rules_dir = Path(rules_dir or default_rules_dir())
+        self._logged: dict[Path, str] = {}
+
+    def sync(self, spark: SparkSession, lake: Lake, settings: Settings, trigger: dict,
+             running: list[RunningQuery]) -> SyncResult:
+        """Start, restart and stop rule queries in `running` (edited in place)."""
+        result = SyncResult()
+        pack = scan_rules(self.rules_dir)
+        valid = pack.by_slug()
+        invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
+        current = {r.name: r for r in running if r.name.startswith("rule:")}
+        for rule in valid.values():
+            entry = current.get(rule.query_name)
+            if entry is None:
+                running.append(start_rule(spark, lake, settings, trigger, rule))
+                result.started.append(rule.query_name)
+            elif entry.writer.content_hash != rule.content_hash or _retryable(entry):
+                stop_rule(entry)
+                running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
+                result.restarted.append(rule.query_name)
+        for name, entry in current.items():
+            if name[len("rule:"):] in valid or name in invalid:
+                continue
+            stop_rule(entry)
+            running.remove(entry)
+            result.stopped.append(name)
+        for name, (path, reason) in invalid.items():
+            result.invalid[name] = reason
+            digest = _file_hash(path)
+            if self._logged.get(path) != digest:
+                self._logged[path] = digest
+                kept = " (its running version keeps running)" if name in current else ""
+                log.error("rule file not deployed%s: %s", kept, reason)
+        for name in result.started + result.restarted + result.stopped:
+            log.warning("rules: %s %s", name, "started" if name in result.started else
+                        "restarted" if name in result.restarted else "stopped")
+        return result
+
+
+def _retryable(entry: RunningQuery) -> bool:
+    return isinstance(entry.query, FailedQuery) and isinstance(entry.query.error, MissingInputError)

@@ -1,0 +1,89 @@
+"""The rule pack: every `rules/**/<rule>.sql` file, validated together (ids and names unique)."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.rules.spec import Rule, RuleError, validate_rule
+
+log = logging.getLogger("seclake.rules")
+
+RULES_ENV = "SECLAKE_RULES"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+
+
+def default_rules_dir() -> Path:
+    """`$SECLAKE_RULES`, else the repository's `rules/` folder.
+
+    >>> default_rules_dir().name  # doctest: +SKIP
+    'rules'
+    """
+    return Path(os.environ.get(RULES_ENV) or RULES_DIR)
+
+
+@dataclass
+class RulePack:
+    """The valid rules of a folder (sorted by slug) and, per invalid file, the reason."""
+
+    rules: list[Rule] = field(default_factory=list)
+    errors: dict[Path, str] = field(default_factory=dict)
+
+    def by_slug(self) -> dict[str, Rule]:
+        return {r.slug: r for r in self.rules}
+
+
+def rule_files(rules_dir: str | os.PathLike) -> list[Path]:
+    """Every rule file under `rules_dir`, sorted; ValueError when the folder does not exist."""
+    root = Path(rules_dir)
+    if not root.is_dir():
+        raise ValueError(f"rules folder {root} does not exist")
+    return sorted(p for p in root.rglob("*.sql") if not any(part.startswith(".") for part in p.parts))
+
+
+def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
+    """Validate every rule file under `rules_dir`; duplicates of an id or a file name are
+    errors of every file but the first (in path order).
+
+    >>> pack = scan_rules("rules")  # doctest: +SKIP
+    >>> [r.slug for r in pack.rules][:2], pack.errors  # doctest: +SKIP
+    (['c2_beaconing', 'dga_nxdomain_burst'], {})
+    """
+    pack = RulePack()
+    ids: dict[str, Path] = {}
+    slugs: dict[str, Path] = {}
+    for path in rule_files(rules_dir):
+        try:
+            rule = validate_rule(path)
+        except RuleError as exc:
+            pack.errors[path] = str(exc)
+            continue
+        if rule.id in ids:
+            pack.errors[path] = f"{path}: duplicate id {rule.id} (also in {ids[rule.id]})"
+            continue
+        if rule.slug in slugs:
+            pack.errors[path] = f"{path}: duplicate rule file name {rule.slug!r} (also {slugs[rule.slug]})"
+            continue
+        ids[rule.id] = path
+        slugs[rule.slug] = path
+        pack.rules.append(rule)
+    pack.rules.sort(key=lambda r: r.slug)
+    return pack
+
+
+def load_rules(rules_dir: str | os.PathLike | None = None,
+               on_error: Callable[[Path, str], None] | None = None) -> list[Rule]:
+    """The valid rules under `rules_dir` (default `default_rules_dir()`); each invalid file is
+    logged with its reason and passed to `on_error`.
+
+    >>> [r.name for r in load_rules("rules")]  # doctest: +SKIP
+    ['C2 beaconing: regular connections to one destination', ...]
+    """
+    pack = scan_rules(rules_dir or default_rules_dir())
+    for path, reason in pack.errors.items():
+        log.warning("invalid rule skipped: %s", reason)
+        if on_error:
+            on_error(path, reason)
+    return pack.rules

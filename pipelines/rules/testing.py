@@ -1,0 +1,260 @@
+"""Unit tests of rules: `<rule>.tests.yml` beside each `<rule>.sql`.
+
+A tests file holds named cases; each gives input rows per table and the alerts expected:
+
+```yaml
+defaults:                      # optional: column values every row of a table starts from
+  enriched_dns: {src_ip: 10.0.1.15, mac: "f4:8e:38:6f:1e:4f", device: WS-FIN-101, owner: Ann Lee}
+cases:
+  - name: burst of NXDOMAIN answers raises one alert
+    input:
+      enriched_dns:
+        - {event_time: "2026-11-20 09:10:00", repeat: 40, every: 1 second,
+           query: "q{i}x.biz", rcode_name: NXDOMAIN}
+    alerts:
+      - {src_ip: 10.0.1.15, window_start: "2026-11-20 09:10:00", evidence_contains: "40 NXDOMAIN"}
+  - name: a few typos do not
+    input: ...
+    alerts: []
+```
+
+Rows: columns not given are NULL; `event_date` defaults to the UTC date of `event_time` and
+`event_id` to a unique value; `repeat: N` makes N rows, the i-th (from 0) `every` x i later,
+with `{i}` (or `{i:x}`, any format spec) in strings replaced by i. Expected alerts: every
+column given must equal the alert's (`<column>_contains` checks a substring); a case passes
+when the alerts produced and the alerts expected pair up one to one.
+
+Cases run as batch queries (the backtest path) in a child session: fast, and the same SQL
+and alert construction as the stream.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+
+import yaml
+from pyspark.sql import SparkSession
+from pyspark.sql.types import ArrayType, DateType, StructType, TimestampType
+
+from pipelines.rules.backtest import collect_alerts, run_batch
+from pipelines.rules.spec import Rule, RuleError, interval_seconds
+from pipelines.rules.tables import table_schema
+from pipelines.schemas import ALERTS_SCHEMA
+
+_INDEX = re.compile(r"\{i(?::([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One named case: input rows per table, the alerts expected."""
+
+    name: str
+    inputs: dict[str, list[dict]]
+    alerts: list[dict]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The outcome of one case; `message` says what differed."""
+
+    rule: str
+    case: str
+    passed: bool
+    message: str = ""
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'} {self.rule} :: {self.case}" + (f": {self.message}" if self.message else "")
+
+
+def load_cases(rule: Rule) -> list[Case]:
+    """The cases of `rule` (from `rule.tests_path`); RuleError when missing or malformed."""
+    path = rule.tests_path
+    if path is None or not path.is_file():
+        raise RuleError(f"rule {rule.slug} has no tests file {path.name if path else '<rule>.tests.yml'} beside it")
+    return parse_cases(path.read_text(encoding="utf-8"), rule, str(path))
+
+
+def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
+    """Parse tests YAML for `rule`: check names, tables and columns; expand repeats."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleError(f"{label}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or not doc["cases"]:
+        raise RuleError(f"{label}: expected a mapping with a non-empty `cases:` list")
+    unknown = sorted(set(doc) - {"cases", "defaults"})
+    if unknown:
+        raise RuleError(f"{label}: unknown top-level key(s) {unknown}")
+    defaults = doc.get("defaults") or {}
+    if not isinstance(defaults, dict) or any(t not in rule.tables for t in defaults):
+        raise RuleError(f"{label}: `defaults` must map tables the rule reads ({list(rule.tables)}) to column values")
+    cases: list[Case] = []
+    names: set[str] = set()
+    for n, raw in enumerate(doc["cases"], 1):
+        where = f"{label} case {n}"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"].strip():
+            raise RuleError(f"{where}: every case needs a `name`")
+        name = raw["name"]
+        where = f"{label} case {name!r}"
+        if name in names:
+            raise RuleError(f"{where}: duplicate case name")
+        names.add(name)
+        extra = sorted(set(raw) - {"name", "input", "alerts"})
+        if extra:
+            raise RuleError(f"{where}: unknown key(s) {extra}; a case has name, input, alerts")
+        inputs = raw.get("input") or {}
+        if not isinstance(inputs, dict):
+            raise RuleError(f"{where}: `input` must map table names to lists of rows")
+        rows: dict[str, list[dict]] = {}
+        for table, items in inputs.items():
+            if table not in rule.tables:
+                raise RuleError(f"{where}: input table {table!r} is not read by the rule (it reads {list(rule.tables)})")
+            if not isinstance(items, list):
+                raise RuleError(f"{where}: input {table} must be a list of rows")
+            rows[table] = _expand(items, defaults.get(table) or {}, table, f"{where}, {table}")
+        expected = raw.get("alerts")
+        if not isinstance(expected, list) or not all(isinstance(a, dict) for a in expected):
+            raise RuleError(f"{where}: `alerts` must be a list of expected alerts (`alerts: []` for none)")
+        for alert in expected:
+            bad = [k for k in alert if k.removesuffix("_contains") not in ALERTS_SCHEMA.fieldNames()]
+            if bad:
+                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns")
+        cases.append(Case(name, rows, expected))
+    return cases
+
+
+def _expand(items: list, defaults: dict, table: str, where: str) -> list[dict]:
+    schema = table_schema(table)
+    rows: list[dict] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise RuleError(f"{where}: each row must be a mapping of column: value")
+        spec = {**defaults, **item}
+        repeat = spec.pop("repeat", 1)
+        every = spec.pop("every", None)
+        if not isinstance(repeat, int) or repeat < 1:
+            raise RuleError(f"{where}: repeat must be a positive integer, got {repeat!r}")
+        step = timedelta(seconds=interval_seconds(every)) if every is not None else timedelta(0)
+        unknown = sorted(set(spec) - set(schema.fieldNames()))
+        if unknown:
+            raise RuleError(f"{where}: column(s) {unknown} are not in {table}")
+        for i in range(repeat):
+            row = {k: _indexed(v, i) for k, v in spec.items()}
+            row = _typed(row, schema, where)
+            if "event_time" in schema.fieldNames() and row.get("event_time") is not None:
+                row["event_time"] = row["event_time"] + step * i
+                row.setdefault("event_date", row["event_time"].date())
+            if "event_id" in schema.fieldNames():
+                row.setdefault("event_id", f"{table}-{len(rows)}")
+            rows.append(row)
+    return rows
+
+
+def _indexed(value, i: int):
+    if isinstance(value, str):
+        return _INDEX.sub(lambda m: format(i, m.group(1) or ""), value)
+    if isinstance(value, list):
+        return [_indexed(v, i) for v in value]
+    return value
+
+
+def _typed(row: dict, schema: StructType, where: str) -> dict:
+    out = {}
+    for name, value in row.items():
+        dtype = schema[name].dataType
+        try:
+            if value is None:
+                out[name] = None
+            elif isinstance(dtype, TimestampType):
+                out[name] = parse_time(value)
+            elif isinstance(dtype, DateType):
+                out[name] = value if isinstance(value, date) else date.fromisoformat(str(value))
+            elif isinstance(dtype, ArrayType):
+                if not isinstance(value, list):
+                    raise ValueError("expected a list")
+                out[name] = value
+            elif dtype.typeName() in ("integer", "long", "short"):
+                out[name] = int(value)
+            elif dtype.typeName() in ("double", "float"):
+                out[name] = float(value)
+            elif dtype.typeName() == "boolean":
+                out[name] = bool(value)
+            else:
+                out[name] = str(value)
+        except (TypeError, ValueError) as exc:
+            raise RuleError(f"{where}: column {name}: {value!r} is not a {dtype.simpleString()} ({exc})") from None
+    return out
+
+
+def parse_time(value) -> datetime:
+    """'2026-11-20 09:10:00' (UTC unless it says otherwise) -> aware datetime.
+
+    >>> parse_time("2026-11-20 09:10:00").isoformat()
+    '2026-11-20T09:10:00+00:00'
+    """
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
+
+
+def run_case(spark: SparkSession, rule: Rule, case: Case) -> CaseResult:
+    """Run one case as a batch query and compare the alerts with the expected ones."""
+
+    def load(session: SparkSession, table: str):
+        return session.createDataFrame(case.inputs.get(table, []), table_schema(table))
+
+    try:
+        produced = collect_alerts(run_batch(spark, rule, load))
+    except Exception as exc:  # a case that cannot run is a failed case, with Spark's reason
+        return CaseResult(rule.slug, case.name, False, f"query failed: {str(exc).splitlines()[0]}")
+    unmatched = list(produced)
+    missing = []
+    for expected in case.alerts:
+        hit = next((a for a in unmatched if _matches(a, expected)), None)
+        if hit is None:
+            missing.append(expected)
+        else:
+            unmatched.remove(hit)
+    if not missing and not unmatched:
+        return CaseResult(rule.slug, case.name, True)
+    problems = [f"expected alert not raised: {e}" for e in missing]
+    problems += [f"unexpected alert: {_brief(a)}" for a in unmatched]
+    return CaseResult(rule.slug, case.name, False, "; ".join(problems))
+
+
+def _matches(alert: dict, expected: dict) -> bool:
+    for key, want in expected.items():
+        if key.endswith("_contains"):
+            got = alert.get(key.removesuffix("_contains"))
+            if got is None or str(want) not in str(got):
+                return False
+            continue
+        got = alert.get(key)
+        if isinstance(got, datetime):
+            if want is None or got != parse_time(want):
+                return False
+        elif isinstance(got, list):
+            if list(want or []) != got:
+                return False
+        elif (None if got is None else str(got)) != (None if want is None else str(want)):
+            return False
+    return True
+
+
+def _brief(alert: dict) -> str:
+    keys = ("src_ip", "mac", "device", "window_start", "window_end", "evidence")
+    return "{" + ", ".join(f"{k}: {alert[k]}" for k in keys) + "}"
+
+
+def run_rule_tests(spark: SparkSession, rules: list[Rule]) -> list[CaseResult]:
+    """Every case of every rule; a rule whose tests file is missing or malformed is one failed result."""
+    results: list[CaseResult] = []
+    for rule in rules:
+        try:
+            cases = load_cases(rule)
+        except RuleError as exc:
+            results.append(CaseResult(rule.slug, "<tests file>", False, str(exc)))
+            continue
+        results.extend(run_case(spark, rule, case) for case in cases)
+    return results
+
