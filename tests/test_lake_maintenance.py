@@ -51,9 +51,13 @@ def test_vacuum_removes_orphans_and_replaced_files_only(spark, tmp_path):
     old = time.time() - 3 * 3600
     crashed = partition / "part-00000-crashed-batch.c000.snappy.parquet"  # a batch that never committed
     in_flight = partition / "part-00000-in-flight.c000.snappy.parquet"    # a batch still writing
-    for orphan in (crashed, in_flight):
+    crashed_staging = table / "_staging-7-dead" / "event_date=2024-01-01" / "part-00000.c000.snappy.parquet"
+    live_staging = table / "_staging-8-live" / "part-00000.c000.snappy.parquet"
+    for orphan in (crashed, in_flight, crashed_staging, live_staging):
+        orphan.parent.mkdir(parents=True, exist_ok=True)
         orphan.write_bytes(b"PAR1")
-    os.utime(crashed, (old, old))
+    for stale in (crashed, crashed_staging, crashed_staging.parent, crashed_staging.parent.parent):
+        os.utime(stale, (old, old))
     referenced = {str(table / p) for p in DeltaTable(str(table)).file_uris()}
     for f in referenced:
         os.utime(f, (old, old))
@@ -62,15 +66,16 @@ def test_vacuum_removes_orphans_and_replaced_files_only(spark, tmp_path):
     assert crashed.exists()
     deleted = vacuum(table, retention_hours=1)
 
-    assert listed == deleted == [str(crashed.relative_to(table))]
-    assert not crashed.exists() and in_flight.exists()
+    assert listed == deleted == [str(crashed.relative_to(table)), "_staging-7-dead/"]
+    assert not crashed.exists() and not (table / "_staging-7-dead").exists()
+    assert in_flight.exists() and live_staging.exists()
     assert all(os.path.exists(f) for f in referenced)
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 4
 
     compact(table)
     replaced = vacuum(table, retention_hours=0)
-    assert sorted(replaced) == sorted(os.path.relpath(f, table) for f in referenced) + \
-        [str(in_flight.relative_to(table))]
+    assert sorted(replaced) == sorted([*(os.path.relpath(f, table) for f in referenced),
+                                       str(in_flight.relative_to(table)), "_staging-8-live/"])
     batches, _ = run_available_now(spark, table, tmp_path / "ck")
     assert sorted(ids(batches)) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="retention_hours must be >= 0, not -1"):

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
+from pathlib import Path
 from typing import Any
 
 from pipelines.lake.read import open_table
 
+# Where pipelines.lake.sink has Spark write a batch before moving its files into the table.
+STAGING_PREFIX = "_staging-"
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # one Spark read task's worth (spark.sql.files.maxPartitionBytes)
 
 
@@ -38,23 +43,38 @@ def vacuum(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = 
     """Delete files the table no longer needs that are older than `retention_hours`;
     return their paths, relative to the table (only list them if `dry_run`).
 
-    Two kinds go: files compaction replaced (removed from the log longer ago than the
-    retention), and orphans that no commit references, such as the Parquet files of a sink
-    batch that crashed before committing (judged by their modification time). Files whose
-    names start with `_` or `.` are kept. Keep the retention above the longest micro-batch
-    (a batch's files are orphans until its commit) and above the longest a stream may lag
-    behind the table (it still reads the files compaction replaced).
+    Three kinds go: files compaction replaced (removed from the log longer ago than the
+    retention); orphans that no commit references, such as the Parquet files of a sink
+    batch that crashed before committing (judged by modification time); and the sink's
+    staging folders (`_staging-*/`) such a crash left behind. Other names starting with `_`
+    or `.` are kept. Keep the retention above the longest micro-batch (a batch's files are
+    orphans until its commit) and above the longest a stream may lag behind the table (it
+    still reads the files compaction replaced).
 
     >>> vacuum(home.table("silver_dns"), dry_run=True)
-    ['event_date=2024-05-01/part-00000-3f2c...-c000.snappy.parquet']
+    ['event_date=2024-05-01/part-00000-3f2c...-c000.snappy.parquet', '_staging-17-9e1d.../']
     """
     if retention_hours < 0:
         raise ValueError(f"retention_hours must be >= 0, not {retention_hours!r}")
+    table = open_table(path)
     # full=True: without it delta-rs only considers files removed through the log and never
     # finds orphans. The retention asked for here is the safety margin, so delta-rs's own
     # minimum (delta.deletedFileRetentionDuration) does not override it.
-    return open_table(path).vacuum(retention_hours=retention_hours, dry_run=dry_run,
-                               enforce_retention_duration=False, full=True)
+    deleted = table.vacuum(retention_hours=retention_hours, dry_run=dry_run,
+                           enforce_retention_duration=False, full=True)
+    # delta-rs skips names starting with `_`, so the sink's staging folders are ours to clear.
+    root = Path(path).resolve()
+    cutoff = time.time() - retention_hours * 3600
+    for staging in sorted(root.glob(f"{STAGING_PREFIX}*/")):
+        if _newest_mtime(staging) < cutoff:
+            deleted.append(f"{staging.name}/")
+            if not dry_run:
+                shutil.rmtree(staging)
+    return deleted
+
+
+def _newest_mtime(folder: Path) -> float:
+    return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.rglob("*"))])
 
 
 def checkpoint(path: str | os.PathLike, cleanup: bool = False) -> int:
