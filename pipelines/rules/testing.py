@@ -258,3 +258,22 @@ def run_rule_tests(spark: SparkSession, rules: list[Rule]) -> list[CaseResult]:
         results.extend(run_case(spark, rule, case) for case in cases)
     return results
 
+
+
+def lint_rule(rule: Rule) -> list[str]:
+    """What the pack-wide lint finds wrong with `rule` beyond validation (empty list = fine):
+    its tests file must exist and hold at least one case expecting alerts and one expecting none.
+
+    >>> lint_rule(validate_rule("rules/dns/dga_nxdomain_burst.sql"))  # doctest: +SKIP
+    []
+    """
+    try:
+        cases = load_cases(rule)
+    except RuleError as exc:
+        return [str(exc)]
+    problems = []
+    if not any(c.alerts for c in cases):
+        problems.append(f"rule {rule.slug}: no positive test case (one that expects an alert)")
+    if not any(not c.alerts for c in cases):
+        problems.append(f"rule {rule.slug}: no negative test case (one that expects `alerts: []`)")
+    return problems

@@ -1,0 +1,154 @@
+"""`seclake rules list|validate|test|backtest`: the rule pack from the command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pipelines.rules.pack import default_rules_dir, scan_rules
+from pipelines.rules.spec import Rule, RuleError, validate_rule
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `rules` and its sub-commands to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_commands(sub, lambda p: p.add_argument("--home"))
+    >>> parser.parse_args(["rules", "validate"]).rules_command
+    'validate'
+    """
+    rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest (docs/rules.md)")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="RULES_COMMAND")
+
+    def rules_dir_arg(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--rules", type=Path, default=None,
+                            help="rules folder (default: $SECLAKE_RULES or the repository's rules/)")
+
+    listing = rules_sub.add_parser("list", help="one line per rule: file, version, severity, MITRE, name")
+    rules_dir_arg(listing)
+    listing.set_defaults(func=cmd_list)
+
+    validate = rules_sub.add_parser("validate", help="validate rule files (metadata, SQL safety); exit 1 if any is invalid")
+    validate.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                          help="rule files or folders (default: the rules folder)")
+    rules_dir_arg(validate)
+    validate.set_defaults(func=cmd_validate)
+
+    test = rules_sub.add_parser("test", help="run every rule's test cases (<rule>.tests.yml) and the pack lint")
+    test.add_argument("names", nargs="*", metavar="RULE", help="only these rules (file name, id or path)")
+    rules_dir_arg(test)
+    test.set_defaults(func=cmd_test)
+
+    backtest = rules_sub.add_parser(
+        "backtest", help="run a rule as a batch query over the tables' history: alerts per day, entities, "
+                         "precision/recall against <home>/ground_truth.jsonl, diff against another version")
+    backtest.add_argument("rule", metavar="RULE", help="rule file name (slug), id or path to its .sql")
+    backtest.add_argument("--from", dest="start", default=None, help="first event time: 2026-11-20 or ISO-8601 (inclusive)")
+    backtest.add_argument("--to", dest="end", default=None,
+                          help="last event time: a date means through that day; an ISO-8601 time is exclusive")
+    backtest.add_argument("--against", default=None, metavar="REV|PATH",
+                          help="compare with another version: a path to a .sql file, or a git revision "
+                               "(the rule's file at that commit, e.g. HEAD~1 or main)")
+    backtest.add_argument("--ground-truth", type=Path, default=None,
+                          help="ground-truth file (default: <home>/ground_truth.jsonl when present)")
+    home_arg(backtest)
+    rules_dir_arg(backtest)
+    backtest.set_defaults(func=cmd_backtest)
+
+
+def _rules_dir(args: argparse.Namespace) -> Path:
+    return args.rules or default_rules_dir()
+
+
+def find_rule(name: str, rules_dir: str | os.PathLike) -> Rule:
+    """A rule by path, file name (slug) or id; ValueError naming what was not found."""
+    if name.endswith(".sql") and Path(name).is_file():
+        return validate_rule(Path(name))
+    pack = scan_rules(rules_dir)
+    for rule in pack.rules:
+        if name in (rule.slug, rule.id):
+            return rule
+    for path, reason in pack.errors.items():
+        if path.stem == name:
+            raise RuleError(reason)
+    raise ValueError(f"no rule {name!r} in {rules_dir}; rules: {', '.join(r.slug for r in pack.rules)}")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    pack = scan_rules(_rules_dir(args))
+    for rule in pack.rules:
+        print(f"{rule.slug:<26} v{rule.version:<3} {rule.severity:<8} {','.join(rule.mitre):<22} {rule.name}")
+    for reason in pack.errors.values():
+        print(f"INVALID {reason}")
+    return 1 if pack.errors else 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    folders = [p for p in args.paths if p.is_dir()] if args.paths else [_rules_dir(args)]
+    files = [p for p in args.paths if not p.is_dir()]
+    bad = 0
+    for folder in folders:
+        pack = scan_rules(folder)
+        for rule in pack.rules:
+            print(f"ok      {rule.path} ({rule.slug} v{rule.version}, {rule.severity})")
+        for reason in pack.errors.values():
+            print(f"INVALID {reason}")
+        bad += len(pack.errors)
+    for path in files:
+        try:
+            rule = validate_rule(path)
+            print(f"ok      {path} ({rule.slug} v{rule.version}, {rule.severity})")
+        except RuleError as exc:
+            print(f"INVALID {exc}")
+            bad += 1
+    print(f"{bad} invalid" if bad else "all valid", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from pipelines.rules.testing import lint_rule, run_rule_tests
+    from pipelines.spark import get_spark
+
+    rules_dir = _rules_dir(args)
+    pack = scan_rules(rules_dir)
+    rules = [find_rule(n, rules_dir) for n in args.names] if args.names else pack.rules
+    failures = 0 if args.names else len(pack.errors)
+    for reason in ([] if args.names else pack.errors.values()):
+        print(f"INVALID {reason}")
+    for rule in rules:
+        for problem in lint_rule(rule):
+            print(f"LINT    {problem}")
+            failures += 1
+    spark = get_spark(app_name="seclake-rules-test", ui=False)
+    results = run_rule_tests(spark, rules)
+    for result in results:
+        print(result.line())
+    failures += sum(not r.passed for r in results)
+    print(f"{len(results)} cases, {failures} failure(s)", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision
+    from pipelines.spark import get_spark
+
+    rules_dir = _rules_dir(args)
+    rule = find_rule(args.rule, rules_dir)
+    against = None
+    if args.against:
+        against = validate_rule(Path(args.against)) if Path(args.against).is_file() else rule_at_revision(rule.path, args.against)
+    home = Home.resolve(args.home)
+    truth = args.ground_truth or (home.root / GROUND_TRUTH)
+    if args.ground_truth and not truth.is_file():
+        raise FileNotFoundError(f"no ground-truth file {truth}")
+    spark = get_spark(app_name="seclake-rules-backtest", ui=False)
+    result = backtest(spark, Lake(home), rule,
+                      start=parse_when(args.start) if args.start else None,
+                      end=parse_when(args.end, end_of_day=True) if args.end else None,
+                      ground_truth=truth if truth.is_file() else None, against=against)
+    print("\n".join(result.lines()))
+    return 0
