@@ -35,13 +35,13 @@ from pyspark.sql.types import StructType  # noqa: E402
 
 from pipelines.lake.registry import Lake  # noqa: E402
 
-_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
 # Hex groups and 2-7 colons, optionally ending in an IPv4 (::ffff:10.0.0.1) and a zone (%eth0).
-IPV6 = rf"([0-9A-Fa-f]{{0,4}}:){{2,7}}([0-9A-Fa-f]{{0,4}}|{IPV4})(%[0-9A-Za-z_.]+)?"
-IP_REGEX = rf"^({IPV4}|{IPV6})$"
+IPV6 = rf"(?:[0-9A-Fa-f]{{0,4}}:){{2,7}}(?:[0-9A-Fa-f]{{0,4}}|{IPV4})(?:%[0-9A-Za-z_.]+)?"
+IP_REGEX = rf"^(?:{IPV4}|{IPV6})$"
 # silver normalises MACs to lower case with colons.
-MAC_REGEX = r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$"
+MAC_REGEX = r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}$"
 
 PROTOCOLS = ["tcp", "udp", "icmp", "icmp6", "ipv6-icmp", "sctp", "gre", "esp", "ah", "igmp", "unknown_transport"]
 SEVERITIES = [1, 2, 3, 4]  # Suricata: 1 high .. 3 low; 4 is used by some rule sets

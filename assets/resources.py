@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -49,6 +50,10 @@ class SparkResource(ConfigurableResource):
             from pyspark import SparkContext
 
             from pipelines.spark import get_spark
+
+            # Python workers (UDFs, the seclake_delta data source) must run this interpreter,
+            # not whatever `python3` is first on PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
             already_running = SparkContext._active_spark_context is not None
             self._session = get_spark(self.master, app_name=self.app_name, ui=self.ui, conf=dict(self.conf))

@@ -1,0 +1,449 @@
+"""The Dagster code location (`assets/`): definitions load, run-once job on sample data, sensor,
+rule-file factory, Great Expectations checks, blocking and retry behaviour, stream job stop."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+)
+
+from assets import automation, quality, stages, tables
+from assets.definitions import build_definitions
+from assets.resources import LakeResource, SparkResource
+from pipelines.home import Home
+from pipelines.lake.registry import Lake
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def resources(home: Path) -> dict:
+    # The resource reuses the session-wide test SparkSession (get_spark -> getOrCreate) and,
+    # since it did not start it, leaves it running at the end of each run.
+    return {"spark": SparkResource(ui=False), "lake": LakeResource(home=str(home))}
+
+
+def events(result, kind: str) -> list:
+    return [e for e in result.all_events if e.event_type_value == kind]
+
+
+def materializations(result) -> dict[str, dict]:
+    out = {}
+    for e in events(result, "ASSET_MATERIALIZATION"):
+        meta = e.event_specific_data.materialization.metadata
+        out[e.asset_key.to_user_string()] = {k: getattr(v, "value", v) for k, v in meta.items()}
+    return out
+
+
+def check_results(result) -> dict[str, object]:
+    return {f"{e.event_specific_data.asset_key.to_user_string()}:{e.event_specific_data.check_name}":
+            e.event_specific_data for e in events(result, "ASSET_CHECK_EVALUATION")}
+
+
+# --- definitions --------------------------------------------------------------------------------
+
+def test_definitions_load_and_every_job_schedule_sensor_resolves():
+    from assets.definitions import defs
+
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"run_once_job", "stream_job"} <= jobs
+    for name in jobs:
+        assert defs.resolve_job_def(name).name == name
+    assert defs.resolve_schedule_def("run_once_schedule").cron_schedule == "*/15 * * * *"
+    assert defs.resolve_sensor_def("landing_sensor").job_name == "run_once_job"
+
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    # Every table a stage writes is an asset keyed layer/name, grouped by layer, with its schema.
+    for stage in stages.discover():
+        for table in stage.writes + stage.shared:
+            key = tables.table_key(table)
+            assert key.to_user_string() in keys
+            node = graph.get(key)
+            assert node.group_name == Lake.spec(table).layer
+            schema = node.metadata["dagster/column_schema"]
+            schema = getattr(schema, "schema", schema)  # TableSchemaMetadataValue or TableSchema
+            assert [c.name for c in schema.columns] == Lake.spec(table).schema.fieldNames()
+    assert "silver/dns" in keys and "bronze/quarantine" in keys
+    # Every op that writes a table (a stage or a rule) runs in the lake pool, with the retry policy.
+    writers = [a for a in graph.assets_defs if a.is_executable and
+               ({"seclake/stage", "seclake/rule"} & set(a.op.tags))]
+    assert {a.op.name for a in writers} >= {s.name for s in stages.discover()}
+    for assets_def in writers:
+        assert assets_def.op.pool == tables.LAKE_POOL, assets_def.op.name
+        assert assets_def.op.retry_policy == tables.RETRY_POLICY
+    checks = {k.to_user_string() for k in graph.asset_check_keys}
+    assert "silver/dns:expectations" in checks and "silver/conn:quarantine_ratio" in checks
+    # One asset per rule file in the repository.
+    rule_files = sorted(p.stem for p in (REPO / "rules").rglob("*.sql"))
+    assert {f"rules/{slug}" for slug in rule_files} <= keys
+
+
+def test_stage_discovery_without_metadata_uses_module_constants_and_names():
+    from pipelines import etl
+
+    found = stages.discover([("etl", etl.start), ("rule:x", lambda *a: None)])
+    assert [(s.name, s.writes, s.reads) for s in found] == [("etl", tuple(etl.ETL_TABLES), ())]
+    named = stages.discover([("silver_dns", lambda *a: None)])
+    assert named[0].writes == ("silver_dns",)
+    # tables written by several stages become shared (one asset of their own) ...
+    both = stages.discover([_Stage("a", None, ("silver_dns", "silver_conn")), _Stage("b", None, ("silver_dhcp", "silver_conn"))])
+    assert [(s.writes, s.shared) for s in both] == [(("silver_dns",), ("silver_conn",)), (("silver_dhcp",), ("silver_conn",))]
+    # ... but a stage needs a table of its own, and its tables must be known
+    with pytest.raises(ValueError, match="writes only tables other stages write too"):
+        stages.discover([("etl", etl.start), ("silver_dns", lambda *a: None)])
+    with pytest.raises(ValueError, match="cannot tell which tables stage 'mystery' writes"):
+        stages.discover([("mystery", lambda *a: None)])
+
+
+# --- rule files -> assets -------------------------------------------------------------------
+
+def _rule_text(new_id: str) -> str:
+    source = sorted((REPO / "rules").rglob("*.sql"))[0].read_text()
+    return re.sub(r"(?m)^id: .*$", f"id: {new_id}", source, count=1)
+
+
+def test_adding_a_rule_file_adds_its_asset_on_reload(tmp_path):
+    rules_dir = tmp_path / "rules"
+    (rules_dir / "team").mkdir(parents=True)
+    (rules_dir / "team" / "first_rule.sql").write_text(_rule_text("11111111-1111-4111-8111-111111111111"))
+    keys = build_definitions(rules_dir=rules_dir).resolve_asset_graph().get_all_asset_keys()
+    assert AssetKey(["rules", "first_rule"]) in keys
+    assert AssetKey(["rules", "second_rule"]) not in keys
+
+    (rules_dir / "team" / "second_rule.sql").write_text(_rule_text("22222222-2222-4222-8222-222222222222"))
+    (rules_dir / "team" / "broken_rule.sql").write_text("SELECT 1")  # no metadata: invalid
+    graph = build_definitions(rules_dir=rules_dir).resolve_asset_graph()
+    assert AssetKey(["rules", "second_rule"]) in graph.get_all_asset_keys()
+    second = graph.get(AssetKey(["rules", "second_rule"]))
+    assert second.group_name == "rules" and second.metadata["rule_id"] == "22222222-2222-4222-8222-222222222222"
+    assert {d.path[0] for d in second.parent_keys} <= {"bronze", "silver", "enriched"}
+    broken = graph.get(AssetKey(["rules", "broken_rule"]))
+    assert broken.description.startswith("INVALID rule file")
+    if "alerts" in Lake.names():
+        alerts = graph.get(tables.table_key("alerts"))
+        assert {AssetKey(["rules", "first_rule"]), AssetKey(["rules", "second_rule"])} <= set(alerts.parent_keys)
+
+
+# --- the run-once job on generated sample data ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sample_run(spark, tmp_path_factory):
+    from sample_data.generator import generate
+
+    home = tmp_path_factory.mktemp("dagster-home")
+    generate(home, hours=1, hosts=10, seed=11)
+    defs = build_definitions()
+    started = time.monotonic()
+    result = defs.resolve_job_def("run_once_job").execute_in_process(
+        resources=resources(home), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    return home, result, time.monotonic() - started
+
+
+def test_run_once_job_materialises_every_table_with_run_metadata(spark, sample_run):
+    home, result, _ = sample_run
+    failures = [(e.step_key, e.event_specific_data.error.message[:300]) for e in events(result, "STEP_FAILURE")]
+    assert result.success, failures
+    lake = Lake(Home.resolve(home))
+    done = materializations(result)
+    for stage in stages.discover():
+        for table in stage.writes:
+            key = tables.table_key(table).to_user_string()
+            assert key in done, key
+            assert done[key]["stage"] == stage.name
+            assert {"rows_in", "rows_out", "version", "duration_s", "watermark", "batches"} <= set(done[key])
+    for table in ("bronze_zeek", "bronze_suricata", "silver_dns", "silver_dhcp", "silver_conn"):
+        assert lake.exists(table), table
+        meta = done[tables.table_key(table).to_user_string()]
+        assert meta["rows_out"] > 0 and meta["version"] == 0 and meta["rows_in"] > 0
+        assert meta["quarantine_rows"] >= 0  # the etl stage writes quarantine: its count rides along
+        assert lake.read(spark, table).count() == meta["rows_out"]
+    # every rule file was run (or reported that its input does not exist yet)
+    for slug in (p.stem for p in (REPO / "rules").rglob("*.sql")):
+        assert f"rules/{slug}" in done
+
+
+def test_run_once_job_runs_great_expectations_checks_that_pass_on_sample_data(sample_run):
+    _, result, _ = sample_run
+    results = check_results(result)
+    assert "silver/dns:expectations" in results and "silver/conn:quarantine_ratio" in results
+    failed = {k: v.description for k, v in results.items() if not v.passed}
+    assert not failed, failed
+    dns = results["silver/dns:expectations"]
+    assert dns.metadata["evaluated"].value >= 5 and dns.metadata["rows"].value > 0
+
+
+def test_second_run_commits_nothing_new(sample_run):
+    home, _, _ = sample_run
+    defs = build_definitions()
+    again = defs.resolve_job_def("run_once_job").execute_in_process(
+        resources=resources(home), instance=DagsterInstance.ephemeral(),
+        asset_selection=[tables.table_key(t) for t in stages.discover()[0].writes])
+    meta = materializations(again)
+    assert meta["silver/dns"]["rows_out"] == 0 and meta["silver/dns"]["version"] == "-"
+
+
+# --- landing sensor ---------------------------------------------------------------------------
+
+def test_landing_sensor_requests_one_run_per_new_set_of_files(tmp_path):
+    home = Home.resolve(tmp_path / "home").create()
+    zeek = home.landing / "zeek"
+    zeek.mkdir()
+    (zeek / "conn.00.log").write_text("a\n")
+    (zeek / "dns.00.log").write_text("b\n")
+    instance = DagsterInstance.ephemeral()
+    lake = LakeResource(home=str(home.root))
+
+    def tick(cursor):
+        ctx = build_sensor_context(cursor=cursor, instance=instance, resources={"lake": lake})
+        return automation.landing_sensor(ctx)
+
+    first = tick(None)
+    assert isinstance(first, SensorResult) and len(first.run_requests) == 1
+    assert json.loads(first.cursor).keys() == {"zeek/conn.00.log", "zeek/dns.00.log"}
+    assert isinstance(tick(first.cursor), SkipReason)  # nothing changed: no run
+
+    (zeek / ".conn.01.log.tmp").write_text("partial")  # a sensor still writing: ignored
+    (zeek / "_SUCCESS").write_text("")
+    assert isinstance(tick(first.cursor), SkipReason)
+
+    (zeek / "conn.01.log").write_text("c\n")
+    second = tick(first.cursor)
+    assert len(second.run_requests) == 1
+    assert second.run_requests[0].run_key != first.run_requests[0].run_key
+    assert second.run_requests[0].tags["seclake/new_files"] == "1"
+    assert isinstance(tick(second.cursor), SkipReason)
+    # the same new file seen from the same cursor again yields the same run key: no duplicate run
+    assert tick(first.cursor).run_requests[0].run_key == second.run_requests[0].run_key
+
+    # while a lake run is in progress the sensor waits and keeps its cursor
+    (zeek / "conn.02.log").write_text("d\n")
+    instance.add_run(DagsterRun(job_name="run_once_job", run_id="a" * 36, status=DagsterRunStatus.STARTED))
+    waiting = tick(second.cursor)
+    assert isinstance(waiting, SkipReason) and "wait" in waiting.skip_message
+
+
+# --- Great Expectations suites ----------------------------------------------------------------
+
+def test_ge_suite_passes_good_rows_and_names_failed_expectations_on_bad_rows(spark):
+    schema = Lake.spec("silver_conn").schema
+    base = {f.name: None for f in schema.fields}
+    good = dict(base, event_id="e1", event_time=_ts("2026-11-20 00:00:01"), event_date=_ts("2026-11-20").date(),
+                source="zeek", src_ip="10.0.0.5", dst_ip="fe80::1", src_port=5353, dst_port=53, proto="udp",
+                conn_state="SF")
+    bad = dict(good, event_id=None, src_ip="10.0.0.300", proto="TCPX", dst_port=70000)
+    suite = quality.suite_for("silver_conn")
+    for engine in ("pandas", "spark"):
+        ok = quality.validate(spark.createDataFrame([good], schema), suite, engine=engine)
+        assert ok.success, ok.describe()
+        broken = quality.validate(spark.createDataFrame([good, bad], schema), suite, engine=engine)
+        assert not broken.success
+        names = {(f.expectation, f.column) for f in broken.failed}
+        assert names == {("expect_column_values_to_not_be_null", "event_id"),
+                         ("expect_column_values_to_match_regex", "src_ip"),
+                         ("expect_column_values_to_be_in_set", "proto"),
+                         ("expect_column_values_to_be_between", "dst_port")}, broken.describe()
+        assert "expect_column_values_to_match_regex(src_ip)" in broken.describe()
+        assert "10.0.0.300" in broken.describe()
+
+
+def test_ge_suites_cover_mac_severity_and_qtype():
+    kinds = {(e.expectation_type, e.column) for e in quality.expectations_for("silver_ids_alerts")}
+    assert ("expect_column_values_to_be_in_set", "severity") in kinds
+    dns = {(e.expectation_type, e.column) for e in quality.expectations_for("silver_dns")}
+    assert ("expect_column_values_to_be_in_set", "qtype_name") in dns
+    dhcp = {(e.expectation_type, e.column) for e in quality.expectations_for("silver_dhcp")}
+    assert ("expect_column_values_to_match_regex", "mac") in dhcp
+    assert re.fullmatch(quality.MAC_REGEX, "08:00:27:5e:9a:a6") and not re.fullmatch(quality.MAC_REGEX, "08-00-27")
+    for ip in ("10.0.0.1", "255.255.255.255", "::1", "fe80::1%eth0", "2001:db8::8a2e:370:7334", "::ffff:10.1.2.3"):
+        assert re.fullmatch(quality.IP_REGEX, ip), ip
+    for ip in ("10.0.0.256", "1.2.3", "host.example", "12345::"):
+        assert not re.fullmatch(quality.IP_REGEX, ip), ip
+
+
+def _ts(text: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+# --- fake stages: blocking checks, schema errors, retries ---------------------------------------
+
+@dataclass
+class _Batch:
+    rows: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+
+
+class _DoneQuery:
+    """A finished query for fake stages (same surface as pipelines.rules.engine.FailedQuery)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error, self.isActive, self.recentProgress = error, False, []
+
+    def awaitTermination(self, timeout=None):
+        return True
+
+    def exception(self):
+        return self.error
+
+    def stop(self):
+        pass
+
+
+class _Writer:
+    def __init__(self):
+        self.history = []
+
+    def close(self):
+        pass
+
+
+@dataclass
+class _Stage:
+    name: str
+    start: object
+    writes: tuple
+    reads: tuple = ()
+
+
+def _writing_stage(name, frames_by_table, error=None):
+    from pipelines.jobs import RunningQuery
+
+    def start(spark, lake, settings, trigger):
+        writer = _Writer()
+        batch = _Batch()
+        for table, make in frames_by_table.items():
+            sink = lake.sink(table, app_id=name)
+            try:
+                result = sink.write_batch(make(spark), 0)
+            finally:
+                sink.close()
+            batch.rows[table], batch.versions[table] = result.rows, result.version
+        writer.history.append(batch)
+        return RunningQuery(name, _DoneQuery(error), writer, tuple(frames_by_table))
+
+    return start
+
+
+def _etl_like(quarantined: int, good: int = 20):
+    from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA
+
+    def bronze(spark):
+        now = _ts("2030-01-01 00:00:00")
+        rows = [dict({f.name: None for f in BRONZE_SCHEMA.fields}, source="zeek", raw="x", parse_ok=True,
+                     ingest_time=_now(), batch_id=0, event_date=now.date()) for _ in range(good)]
+        return spark.createDataFrame(rows, BRONZE_SCHEMA)
+
+    def quarantine(spark):
+        rows = [dict({f.name: None for f in QUARANTINE_SCHEMA.fields}, source="zeek", raw="?", reason="bad",
+                     ingest_time=_now(), batch_id=0) for _ in range(quarantined)]
+        return spark.createDataFrame(rows, QUARANTINE_SCHEMA)
+
+    def conn(spark):
+        schema = Lake.spec("silver_conn").schema
+        row = dict({f.name: None for f in schema.fields}, event_id="e1", event_time=_ts("2026-11-20 00:00:01"),
+                   event_date=_ts("2026-11-20").date(), source="zeek", proto="tcp")
+        return spark.createDataFrame([row], schema)
+
+    return {"bronze_zeek": bronze, "quarantine": quarantine, "silver_conn": conn}
+
+
+def _now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
+    downstream = _writing_stage("silver_dns", {"silver_dns": lambda s: s.createDataFrame(
+        [], Lake.spec("silver_dns").schema)})
+    fake = [_Stage("etl", _writing_stage("etl", _etl_like(quarantined=5)), ("bronze_zeek", "quarantine", "silver_conn")),
+            _Stage("silver_dns", downstream, ("silver_dns",), reads=("silver_conn",))]
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    result = defs.resolve_job_def("run_once_job").execute_in_process(
+        resources=resources(tmp_path / "home"), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    checks = check_results(result)
+    ratio = checks["silver/conn:quarantine_ratio"]
+    assert not ratio.passed
+    assert "expect_column_values_to_be_between(ratio)" in ratio.description and "zeek: 5/25" in ratio.description
+    done = materializations(result)
+    assert "silver/conn" in done and "silver/dns" not in done  # the downstream stage never ran
+    assert not result.success
+
+    # under the threshold (configurable) the downstream stage runs
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    config = {"ops": {"silver__conn_quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
+    ok = defs.resolve_job_def("run_once_job").execute_in_process(
+        run_config=config, resources=resources(tmp_path / "home2"), instance=DagsterInstance.ephemeral(),
+        raise_on_error=False)
+    assert check_results(ok)["silver/conn:quarantine_ratio"].passed
+    assert "silver/dns" in materializations(ok)
+
+
+def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_path):
+    from pipelines.lake.schema import SchemaMismatchError
+
+    error = SchemaMismatchError("silver_conn: column 'proto' has type int in the table but string in the write")
+    fake = [_Stage("etl", _writing_stage("etl", {}, error=error), ("silver_conn",))]
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    result = defs.resolve_job_def("run_once_job").execute_in_process(
+        resources=resources(tmp_path / "home"), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    assert not events(result, "STEP_UP_FOR_RETRY")  # the retry policy was bypassed
+    failure = events(result, "STEP_FAILURE")[0].event_specific_data
+    assert "SchemaMismatchError: not retried" in failure.error.message
+
+    # The same error text as a failed streaming query reports it is recognised too.
+    jvm_text = ("[STREAM_FAILED] ... Traceback (most recent call last):\n  File ...\n"
+                f"pipelines.lake.schema.SchemaMismatchError: {error}\n SQLSTATE: 39000")
+    name, _ = stages.python_cause(RuntimeError(jvm_text))
+    assert stages.StageError("etl", "x", name, None).retriable is False
+    conflict, _ = stages.python_cause(RuntimeError("py4j...\ndeltalake.exceptions.CommitFailedError: conflict\n"))
+    assert conflict == "deltalake.exceptions.CommitFailedError"
+    assert stages.StageError("etl", "x", conflict, None).retriable is True
+
+
+# --- stream job -------------------------------------------------------------------------------
+
+def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, tmp_path):
+    home = Home.resolve(tmp_path / "home").create()
+    defs = build_definitions(rules_dir=tmp_path / "no-rules")
+    instance = DagsterInstance.ephemeral()
+    run_id = "5" * 8 + "-5555-4555-8555-" + "5" * 12
+    before = {q.id for q in spark.streams.active}
+
+    def terminate_when_streaming():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if {q.id for q in spark.streams.active} - before:
+                break
+            time.sleep(0.5)
+        instance.report_run_canceling(instance.get_run_by_id(run_id))
+
+    threading.Thread(target=terminate_when_streaming, daemon=True).start()
+    result = defs.resolve_job_def("stream_job").execute_in_process(
+        run_id=run_id, instance=instance, raise_on_error=False,
+        resources={"spark": SparkResource(ui=False),
+                   "lake": LakeResource(home=str(home.root), settings={"trigger_interval": "1 second"})},
+        run_config={"ops": {"stream_queries": {"config": {"cancel_poll_s": 0.5}}}})
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.CANCELED
+    assert {q.id for q in spark.streams.active} - before == set()  # every query stopped
+    logs = " ".join(e.message or "" for e in result.all_events)
+    assert "stopped cleanly" in logs
