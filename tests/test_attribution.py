@@ -107,11 +107,15 @@ def scenario() -> tuple[dict[str, list[dict]], dict[str, str | None]]:
     return {"silver_dhcp": leases, "silver_conn": conn, "silver_dns": dns, "silver_ids_alerts": alerts}, expected
 
 
-def sentinels(table: str) -> list[dict]:
-    """A row a day later: moves every watermark past the test day so all its rows are emitted."""
+def sentinels(table: str, day: dt.datetime = at(0, day=1)) -> list[dict]:
+    """Rows a day later that move every watermark past the test day, so all its rows are emitted.
+
+    The enriched queries' watermark follows the newest lease segment, so the sentinel device
+    holds a lease (cut into segments) while the DHCP watermark moves on."""
     if table == "silver_dhcp":
-        return [dhcp("zz-dhcp", at(12, day=1), MAC["sentinel"], ["ACK"], assigned="10.9.9.9")]
-    return [event(f"zz-{table}", at(12, day=1), "10.9.9.9")]
+        return [dhcp("zz-dhcp-1", day, MAC["sentinel"], ["ACK"], assigned="10.9.9.9", lease=86400.0),
+                dhcp("zz-dhcp-2", day + dt.timedelta(hours=12), MAC["sentinel"], ["ACK"], assigned="10.9.9.9", lease=86400.0)]
+    return [event(f"zz-{table}", day + dt.timedelta(hours=12), "10.9.9.9")]
 
 
 def commit(lake: Lake, table: str, rows: list[dict]) -> None:
@@ -209,7 +213,7 @@ def test_same_result_however_the_input_is_batched(spark, tmp_path, order):
     lake = Lake(Home.resolve(tmp_path).create())
     settings = SETTINGS.with_overrides({"max_files_per_trigger": 1})
     rows, expected = scenario()
-    rows = {t: rows[t] for t in ("silver_dhcp", "silver_conn")}
+    rows = {t: sorted(rows[t], key=lambda r: r["event_time"]) for t in ("silver_dhcp", "silver_conn")}
     noon = at(12)
     if order == "in_order_small_batches":
         steps = [{t: [r for r in rs if r["event_time"] < noon] for t, rs in rows.items()},
@@ -245,9 +249,8 @@ def test_remcos_host_attributed_on_real_zeek_logs(spark, tmp_path, real_logs):
     assert etl.error is None, etl.error
     # The capture ends a few minutes after its last line; a sentinel moves the watermarks past it.
     last = lake.read(spark, "silver_conn").agg({"event_time": "max"}).first()[0]
-    future = last.replace(tzinfo=UTC) + dt.timedelta(days=1)
-    commit(lake, "silver_dhcp", [dhcp("zz-dhcp", future, MAC["sentinel"], ["ACK"], assigned="10.9.9.9")])
-    commit(lake, "silver_conn", [event("zz-conn", future, "10.9.9.9")])
+    for table in ("silver_dhcp", "silver_conn"):
+        commit(lake, table, sentinels(table, last.replace(tzinfo=UTC) + dt.timedelta(days=1)))
     run_stages(spark, lake, SETTINGS, ("enriched_conn",))
 
     host = lake.read(spark, "enriched_conn").where("src_ip = '192.168.1.107'").groupBy("mac", "hostname").count().collect()
