@@ -168,6 +168,46 @@ def test_lease_rules_without_spark():
     assert book.open is None and book.next_boundary() is None
 
 
+def test_backfill_default_lease_and_races_without_spark():
+    minute = 60_000
+    book = IpLeases("10.1.0.70", segment_ms=60 * minute)
+    # A renewal seen first: held before, at most one lease time (and one segment) back.
+    out = book.advance([Message(100 * minute, "1", "ack", "m", lease_time=600.0, renewal=True)], until=100 * minute)
+    assert [(s.valid_from // minute, s.valid_to // minute, s.start_reason) for s in out] == [(90, 100, "backfill")]
+    # ...never back over the previous segment of the IP.
+    book = IpLeases("10.1.0.70", segment_ms=60 * minute, last_end=95 * minute)
+    out = book.advance([Message(100 * minute, "1", "ack", "m", lease_time=600.0, renewal=True)], until=100 * minute)
+    assert [(s.valid_from // minute, s.valid_to // minute) for s in out] == [(95, 100)]
+    # No lease_time: the default lease; two MACs in the same millisecond: the later event_id wins.
+    book = IpLeases("10.1.0.60", segment_ms=600 * minute)
+    out = book.advance([Message(0, "1", "ack", "h"), Message(5 * minute, "2", "ack", "x"),
+                        Message(5 * minute, "3", "ack", "y", lease_time=60.0)], until=300 * minute)
+    assert [(s.mac, s.valid_from // minute, s.valid_to // minute, s.end_reason) for s in out] == [
+        ("h", 0, 5, "reassigned"), ("y", 5, 6, "expire")]
+    with pytest.raises(ValueError, match="after the point to advance to"):
+        book.advance([Message(500 * minute, "4", "ack", "z")], until=400 * minute)
+
+
+def test_device_inventory_and_bad_settings(spark, tmp_path, caplog):
+    devices = tmp_path / "devices.csv"
+    assert attribution.load_devices(spark, devices).count() == 0
+    assert "no device inventory" in caplog.text
+    devices.write_text("mac,device,owner,os\nAA-BB-CC-00-00-01,pc,ann,win\n,blank,,\n")
+    assert [tuple(r) for r in attribution.load_devices(spark, devices).collect()] == [("aa:bb:cc:00:00:01", "pc", "ann")]
+    devices.write_text("mac,device,owner\naa:bb:cc:00:00:01,pc,ann\nAA:BB:CC:00:00:01,pc2,bob\n")
+    with pytest.raises(ValueError, match="line 3: MAC 'aa:bb:cc:00:00:01' is listed twice"):
+        attribution.load_devices(spark, devices)
+    devices.write_text("mac,name\n")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['device', 'owner'\]"):
+        attribution.load_devices(spark, devices)
+    lake = Lake(Home.resolve(tmp_path).create())
+    with pytest.raises(ValueError, match="unknown enriched table 'enriched_http'"):
+        attribution.start_enriched(spark, lake, SETTINGS, AVAILABLE_NOW, table="enriched_http")
+    with pytest.raises(ValueError, match="max_lease_age='a day'"):
+        attribution.lease_segments(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"]),
+                                   SETTINGS.with_overrides({"max_lease_age": "a day"}))
+
+
 def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     lake = Lake(Home.resolve(tmp_path).create())
     (lake.home.reference / "devices.csv").write_text(
