@@ -50,11 +50,16 @@ _POSITION_RE = re.compile(r"line (\d+),? pos (\d+)")
 
 # First words of statements that only read. Anything else (SET, CREATE ... USING parquet, INSERT,
 # ADD JAR) could write, or read files outside the registry despite spark.sql.runSQLOnFiles=false.
-_READING_WORDS = {"SELECT", "WITH", "FROM", "VALUES", "TABLE", "EXPLAIN", "DESCRIBE", "DESC", "SHOW"}
+# SHOW is left out too: outside a statement no view exists, so SHOW TABLES would list nothing.
+_READING_WORDS = {"SELECT", "WITH", "FROM", "VALUES", "EXPLAIN", "DESCRIBE", "DESC"}
+_EXPLAIN_RE = re.compile(r"\s*EXPLAIN(\s+(EXTENDED|CODEGEN|COST|FORMATTED))?\s+", re.I)
 _WRITING_TOKENS = {"INSERT", "CREATE", "DROP", "DELETE", "UPDATE", "MERGE", "ALTER", "CACHE", "TRUNCATE", "LOAD"}
 
 # Temp views are session-wide: one statement at a time registers, analyses and drops its views.
 _VIEWS_LOCK = threading.Lock()
+
+# sqlglot warns when it parses a statement as an opaque Command; _inspect handles that case itself.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 
 class SqlError(ValueError):
@@ -241,6 +246,8 @@ class Database:
         return [name for name in self.lake.names() if self.lake.exists(name)]
 
     def _unknown_table(self, name: str) -> str:
+        if name in self.created():  # Spark read it as a table where sqlglot saw none, e.g. IDENTIFIER('t')
+            return f"could not tell that {name!r} is read as a table here; name it plainly in FROM or JOIN"
         if name in self.lake.names():
             return (f"table {name!r} is not created yet in {self.lake.home.tables} "
                     "(the pipeline has not written it; `seclake tables` shows what exists)")
@@ -295,12 +302,15 @@ def _inspect(text: str) -> _Found:
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
 
-    first = re.match(r"[\s(]*([A-Za-z]+)", _code_only(text))
+    code = _code_only(text)
+    first = re.match(r"[\s(]*([A-Za-z]+)", code)
     word = first.group(1).upper() if first else ""
     if word not in _READING_WORDS:
         raise SqlError(f"seclake sql only reads: {word or text.strip()[:20]!r} statements are not allowed "
                        f"(start with one of {', '.join(sorted(_READING_WORDS))})")
-    logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to Command" warnings are ours to handle
+    explain = _EXPLAIN_RE.match(code)
+    if explain:  # sqlglot keeps EXPLAIN's statement as one opaque string: look inside it
+        return _inspect(text[explain.end():])
     try:
         tree = sqlglot.parse_one(text, read="spark")
     except SqlglotError:
@@ -318,7 +328,9 @@ def _inspect(text: str) -> _Found:
                 raise SqlError(f"write {table.name}@v12 or {table.name}@2026-11-20T10:00:00Z "
                                "instead of VERSION AS OF / TIMESTAMP AS OF")
             tables.add(".".join(p.name for p in table.parts).lower())
-        return _Found(tables, {cte.alias.lower() for cte in tree.find_all(exp.CTE)}, exact=True)
+        # DESCRIBE FUNCTION f also parses as a table: leave DESCRIBE's other names to Spark.
+        return _Found(tables, {cte.alias.lower() for cte in tree.find_all(exp.CTE)},
+                      exact=not isinstance(tree, exp.Describe))
     # sqlglot cannot read it (or read it as an opaque Command, like EXPLAIN): guess from the tokens
     # and leave the verdict on names and syntax to Spark.
     try:
@@ -496,11 +508,15 @@ def _write_rows(out: TextIO, fmt: str, header: list[str], rows: list[list[str | 
 
 
 def _table_text(header: list[str], rows: list[list[str | None]], right: list[bool]) -> str:
-    """psql-style aligned text; NULL for nulls, long cells cut, multi-line cells (EXPLAIN) kept."""
+    """psql-style aligned text; NULL for nulls, multi-line cells (EXPLAIN) kept, and long cells
+    cut when other columns stand beside them (CSV and JSON always print whole values)."""
+    width_cap = _MAX_CELL if len(header) > 1 else None
+
     def lines_of(value: str | None) -> list[str]:
         if value is None:
             return ["NULL"]
-        return [v if len(v) <= _MAX_CELL else v[:_MAX_CELL - 1] + "…" for v in value.split("\n")]
+        lines = value.rstrip("\n").split("\n")
+        return [v[:width_cap - 1] + "…" if width_cap and len(v) > width_cap else v for v in lines]
 
     body = [[lines_of(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(line) for row in body for line in row[i]]) for i, h in enumerate(header)]
