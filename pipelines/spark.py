@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from pathlib import Path
 
@@ -64,6 +65,9 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     'TIMESTAMP_MICROS'
     """
     check_java()
+    # Python workers (data sources, pandas state processors) must run this interpreter, the one
+    # with pyarrow; pyspark reads the variable only when the SparkContext starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
     settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"

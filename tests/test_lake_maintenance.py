@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.errors import StreamingQueryException
 
-# See test_lake_source.py: Spark's Python workers must run this interpreter.
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pipelines.lake.maintenance import checkpoint, compact, vacuum  # noqa: E402
 from pipelines.lake.source import read_stream  # noqa: E402

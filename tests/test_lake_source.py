@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +11,6 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.errors import StreamingQueryException
 
-# Python data sources run in Spark's Python workers, which start `python3` from PATH unless
-# told otherwise; they need this interpreter (pyarrow, deltalake). Must be set before the
-# session fixture starts Spark; belongs in pipelines.spark.get_spark (reported).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pipelines.lake.source import read_stream  # noqa: E402
 

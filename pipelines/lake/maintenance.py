@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.lake.read import open_table
+from pipelines.lake.sink import STAGING_PREFIX
 
-# Where pipelines.lake.sink has Spark write a batch before moving its files into the table.
-STAGING_PREFIX = "_staging-"
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # one Spark read task's worth (spark.sql.files.maxPartitionBytes)
 
 

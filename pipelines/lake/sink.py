@@ -20,6 +20,9 @@ from pyspark.sql.types import StructType
 from pipelines.lake.schema import SchemaMismatchError, as_nullable, delta_to_spark, merge_schemas, spark_to_delta
 
 DEFAULT_CHECKPOINT_INTERVAL = 100
+# Where Spark writes a batch before its files move into the table; delta-rs vacuum skips `_` names,
+# so maintenance.vacuum clears stale ones itself.
+STAGING_PREFIX = "_staging-"
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -121,7 +124,7 @@ class DeltaSink:
         return evolved, [f.name for f in evolved.fields[len(current.fields):]]
 
     def _write_parquet(self, df: DataFrame, batch_id: int) -> tuple[list[AddAction], int, int]:
-        staging = self.path / f"_staging-{batch_id}-{uuid.uuid4().hex}"
+        staging = self.path / f"{STAGING_PREFIX}{batch_id}-{uuid.uuid4().hex}"
         df.write.mode("overwrite").partitionBy(*self.partition_by).parquet(str(staging))
         actions, rows, size = [], 0, 0
         for src in sorted(staging.rglob("*.parquet")):
