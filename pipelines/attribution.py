@@ -509,13 +509,18 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     >>> start_leases(spark, lake, Settings(), {"availableNow": True}).query.awaitTermination()  # doctest: +SKIP
     """
     dhcp = read_stream(spark, lake.path("silver_dhcp"), max_files=settings.max_files_per_trigger)
-    return _run(LEASES, lease_segments(dhcp, settings), AttributionWriter(spark, lake, LEASES), lake, trigger)
+    writer = AttributionWriter(spark, lake, LEASES)
+    if not lake.exists(LEASES):
+        # The enriched queries stream from dhcp_leases, so it must exist before its first segment
+        # does. Batch id -1 marks "nothing committed yet": batch 0 still commits.
+        writer.sink.write_batch(spark.createDataFrame([], LEASE_SCHEMA), -1)
+    return _run(LEASES, lease_segments(dhcp, settings), writer, lake, trigger)
 
 
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> "RunningQuery":
     """Start the query writing `table` (enriched_conn, enriched_dns or enriched_ids_alerts).
 
-    dhcp_leases must exist (the dhcp_leases query creates it with its first batch).
+    dhcp_leases must exist (`start_leases` creates it).
 
     >>> start_enriched(spark, lake, Settings(), {"availableNow": True}, table="enriched_dns")  # doctest: +SKIP
     """

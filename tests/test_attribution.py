@@ -120,8 +120,6 @@ def sentinels(table: str, day: dt.datetime = at(0, day=1)) -> list[dict]:
 
 def commit(lake: Lake, table: str, rows: list[dict]) -> None:
     """Append `rows` to a silver table as one Delta commit (missing columns NULL)."""
-    if not rows:
-        return
     schema = spark_to_arrow(SILVER_SCHEMAS[table])
     full = [{**{name: None for name in schema.names}, "event_date": r["event_time"].date(), **r} for r in rows]
     write_deltalake(str(lake.path(table)), pa.Table.from_pylist(full, schema=schema),
@@ -262,11 +260,11 @@ def test_same_result_however_the_input_is_batched(spark, tmp_path, order):
         rng = random.Random(5)
         jittered = {t: sorted(rs, key=lambda r: r["event_time"] + dt.timedelta(minutes=rng.uniform(0, 90)))
                     for t, rs in rows.items()}
-        steps = [{"silver_conn": jittered["silver_conn"]}, {"silver_dhcp": jittered["silver_dhcp"]}]
+        steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]}]
     steps.append({t: sentinels(t) for t in rows})
     for step in steps:
         for table, table_rows in step.items():
-            for i in range(0, len(table_rows), 4):  # several commits, several files
+            for i in range(0, max(len(table_rows), 1), 4):  # several commits, several files
                 commit(lake, table, table_rows[i:i + 4])
         reports = run_stages(spark, lake, settings, ("enriched_conn",))
         assert all(r.late_rows == 0 for r in reports.values())
