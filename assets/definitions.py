@@ -9,7 +9,7 @@ next reload without editing this package:
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
   (`assets/automation.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
 """
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dagster import Definitions, in_process_executor
@@ -19,8 +19,9 @@ from assets.resources import resources_for_environment
 
 
 def build_definitions(rules_dir: Path | str | None = None, stage_entries: Iterable | None = None,
-                      env: str | None = None) -> Definitions:
-    """Assemble the definitions. Tests pass their own rules folder or stages; `defs` uses the defaults.
+                      env: str | None = None, resources: Mapping[str, object] | None = None) -> Definitions:
+    """Assemble the definitions. `defs` uses the defaults; tests pass their own rules folder,
+    stages or resources (default: `resources_for_environment(env)`).
 
     >>> build_definitions().resolve_job_def("run_once_job").name  # doctest: +SKIP
     'run_once_job'
@@ -33,7 +34,7 @@ def build_definitions(rules_dir: Path | str | None = None, stage_entries: Iterab
         jobs=[jobs.run_once_job_def(), jobs.stream_job],
         schedules=[automation.run_once_schedule_def()],
         sensors=[automation.landing_sensor],
-        resources=resources_for_environment(env),
+        resources=dict(resources) if resources is not None else resources_for_environment(env),
         executor=in_process_executor,
     )
 

@@ -148,11 +148,11 @@ def sample_run(spark, tmp_path_factory):
     from sample_data.generator import generate
 
     home = tmp_path_factory.mktemp("dagster-home")
-    generate(home, hours=1, hosts=10, seed=11)
-    defs = build_definitions()
+    generate(home, hours=0.5, hosts=8, seed=11)
+    defs = build_definitions(resources=resources(home))
     started = time.monotonic()
     result = defs.resolve_job_def("run_once_job").execute_in_process(
-        resources=resources(home), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
     return home, result, time.monotonic() - started
 
 
@@ -190,13 +190,14 @@ def test_run_once_job_runs_great_expectations_checks_that_pass_on_sample_data(sa
 
 
 def test_second_run_commits_nothing_new(sample_run):
+    from dagster import materialize
+
     home, _, _ = sample_run
-    defs = build_definitions()
-    again = defs.resolve_job_def("run_once_job").execute_in_process(
-        resources=resources(home), instance=DagsterInstance.ephemeral(),
-        asset_selection=[tables.table_key(t) for t in stages.discover()[0].writes])
+    etl_assets = tables.stage_asset(stages.discover()[0])
+    again = materialize([etl_assets], resources=resources(home), instance=DagsterInstance.ephemeral())
     meta = materializations(again)
     assert meta["silver/dns"]["rows_out"] == 0 and meta["silver/dns"]["version"] == "-"
+    assert meta["silver/dns"]["summary"].startswith("etl: 0 batches")
 
 
 # --- landing sensor ---------------------------------------------------------------------------
@@ -376,9 +377,9 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
         [], Lake.spec("silver_dns").schema)})
     fake = [_Stage("etl", _writing_stage("etl", _etl_like(quarantined=5)), ("bronze_zeek", "quarantine", "silver_conn")),
             _Stage("silver_dns", downstream, ("silver_dns",), reads=("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
-        resources=resources(tmp_path / "home"), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
     checks = check_results(result)
     ratio = checks["silver/conn:quarantine_ratio"]
     assert not ratio.passed
@@ -388,11 +389,10 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     assert not result.success
 
     # under the threshold (configurable) the downstream stage runs
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home2"))
     config = {"ops": {"silver__conn_quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
     ok = defs.resolve_job_def("run_once_job").execute_in_process(
-        run_config=config, resources=resources(tmp_path / "home2"), instance=DagsterInstance.ephemeral(),
-        raise_on_error=False)
+        run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=False)
     assert check_results(ok)["silver/conn:quarantine_ratio"].passed
     assert "silver/dns" in materializations(ok)
 
@@ -402,9 +402,9 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
 
     error = SchemaMismatchError("silver_conn: column 'proto' has type int in the table but string in the write")
     fake = [_Stage("etl", _writing_stage("etl", {}, error=error), ("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake)
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
-        resources=resources(tmp_path / "home"), instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
     assert not events(result, "STEP_UP_FOR_RETRY")  # the retry policy was bypassed
     failure = events(result, "STEP_FAILURE")[0].event_specific_data
@@ -424,7 +424,9 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
 
 def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, tmp_path):
     home = Home.resolve(tmp_path / "home").create()
-    defs = build_definitions(rules_dir=tmp_path / "no-rules")
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", resources={
+        "spark": SparkResource(ui=False),
+        "lake": LakeResource(home=str(home.root), settings={"trigger_interval": "1 second"})})
     instance = DagsterInstance.ephemeral()
     run_id = "5" * 8 + "-5555-4555-8555-" + "5" * 12
     before = {q.id for q in spark.streams.active}
@@ -439,11 +441,8 @@ def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, 
 
     threading.Thread(target=terminate_when_streaming, daemon=True).start()
     result = defs.resolve_job_def("stream_job").execute_in_process(
-        run_id=run_id, instance=instance, raise_on_error=False,
-        resources={"spark": SparkResource(ui=False),
-                   "lake": LakeResource(home=str(home.root), settings={"trigger_interval": "1 second"})},
-        run_config={"ops": {"stream_queries": {"config": {"cancel_poll_s": 0.5}}}})
+        run_id=run_id, instance=instance, raise_on_error=False, run_config={"ops": {"stream_queries": {"config": {"cancel_poll_s": 0.5}}}})
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.CANCELED
     assert {q.id for q in spark.streams.active} - before == set()  # every query stopped
-    logs = " ".join(e.message or "" for e in result.all_events)
-    assert "stopped cleanly" in logs
+    failure = events(result, "STEP_FAILURE")[0].event_specific_data.error
+    assert "stopped cleanly on termination" in failure.message
