@@ -2,28 +2,21 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import random
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-# Python data sources and transformWithState run in Spark's Python workers, which start
-# `python3` from PATH unless told otherwise; they need this interpreter (pyarrow, deltalake).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-from pipelines import attribution  # noqa: E402
-from pipelines.attribution import IpLeases, Message  # noqa: E402
-from pipelines.home import Home  # noqa: E402
-from pipelines.jobs import AVAILABLE_NOW, report  # noqa: E402
-from pipelines.lake import registry  # noqa: E402
-from pipelines.lake.registry import Lake, TableSpec  # noqa: E402
-from pipelines.lake.schema import spark_to_arrow  # noqa: E402
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA, SILVER_SCHEMAS  # noqa: E402
-from pipelines.settings import Settings  # noqa: E402
+from pipelines import attribution
+from pipelines.attribution import IpLeases, Message
+from pipelines.home import Home
+from pipelines.jobs import AVAILABLE_NOW, report
+from pipelines.lake import registry
+from pipelines.lake.registry import Lake, TableSpec
+from pipelines.lake.schema import spark_to_arrow
+from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA, SILVER_SCHEMAS
+from pipelines.settings import Settings
 
 UTC = dt.timezone.utc
 DAY = dt.datetime(2024, 3, 1, tzinfo=UTC)
