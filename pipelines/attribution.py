@@ -175,7 +175,6 @@ class IpLeases:
     def _close(self, at: int, reason: str) -> None:
         self._emit(self.open, at, reason)
         self.open = None
-        self.last_end = at
 
     def _emit(self, lease: OpenLease, end: int, reason: str) -> None:
         self.last_end = end
@@ -213,8 +212,8 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     one; RELEASE and DECLINE give back `client_addr` (`requested_addr` for DECLINE). Other
     lines (DISCOVER, OFFER, REQUEST alone, NAK, INFORM) grant nothing and are dropped here.
 
-    >>> dhcp_messages(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"])).columns[:3]  # doctest: +SKIP
-    ['ip', 'ts', 'event_id']
+    >>> dhcp_messages(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"])).columns[:4]  # doctest: +SKIP
+    ['event_time', 'event_id', 'kind', 'ip']
     """
     types = F.col("msg_types")
     kind = (F.when(F.array_contains(types, "INFORM"), F.lit(None))
