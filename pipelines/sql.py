@@ -195,8 +195,10 @@ class Database:
             row: dict[str, Any] = {"name": name, "layer": spec.layer, "exists": self.lake.exists(name),
                                    "partitioned_by": ", ".join(spec.partition_by)}
             if row["exists"]:
-                table = DeltaTable(str(self.lake.path(name)))
-                adds = pa.table(table.get_add_actions(flatten=True))
+                with self._errors():
+                    table = DeltaTable(str(self.lake.path(name)))
+                    adds = pa.table(table.get_add_actions(flatten=True))
+                    last_commit = table.history(1)[0]["timestamp"]
                 # Row counts come from the files' stats, so listing stays instant on big tables.
                 records = adds.column("num_records") if "num_records" in adds.column_names else None
                 if adds.num_rows == 0:
@@ -210,7 +212,7 @@ class Database:
                     rows=count,
                     files=adds.num_rows,
                     size_bytes=pc.sum(adds.column("size_bytes")).as_py() or 0,
-                    last_commit=_commit_time(table.history(1)[0]["timestamp"]),
+                    last_commit=_commit_time(last_commit),
                     partitioned_by=", ".join(table.metadata().partition_columns),
                 )
             rows.append(row)
@@ -231,8 +233,10 @@ class Database:
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 or None, got {limit}")
         path = self.lake.path(name)
+        with self._errors():
+            commits = DeltaTable(str(path)).history(limit)
         rows = []
-        for commit in DeltaTable(str(path)).history(limit):
+        for commit in commits:
             version = commit["version"]
             rows.append({"version": version, "timestamp": _commit_time(commit["timestamp"]),
                          "operation": commit.get("operation"),

@@ -72,7 +72,7 @@ def _count(out: str) -> int:
 # ---- consistency -------------------------------------------------------------------------------
 
 def test_queries_during_a_stream_see_only_whole_committed_batches(spark, tmp_path):
-    batch, batches = 240, 12
+    batch, batches = 240, 8
     home = Home.resolve(tmp_path / "home").create()
     source = tmp_path / "incoming"
     # range() splits evenly: one file of exactly `batch` rows per micro-batch (maxFilesPerTrigger=1),
