@@ -235,33 +235,28 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     assert "late-conn" not in attributed(spark, lake, "enriched_conn")
 
 
-@pytest.mark.parametrize("order", ["in_order_small_batches", "shuffled_dhcp_after_events"])
-def test_same_result_however_the_input_is_batched(spark, tmp_path, order):
-    """Several commits and runs, one file per micro-batch; or the input jittered (each row at most
-    90 minutes behind rows committed before it, within the 2 h watermarks) with every DHCP row
-    committed after the events it explains. Once a final commit moves the watermarks past the
-    day, the emitted rows equal the single-run result (`scenario`'s expectation)."""
+def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp_path):
+    """The input committed jittered (each row up to 90 minutes behind rows committed before it,
+    within the 2 h watermarks), four rows per commit, one file per micro-batch, a run after each
+    step, and every DHCP row committed after the events it explains. Once a final commit moves
+    the watermarks past the day, the emitted rows equal the single-run result."""
     lake = Lake(Home.resolve(tmp_path).create())
     settings = SETTINGS.with_overrides({"max_files_per_trigger": 1})
     rows, expected = scenario()
-    rows = {t: sorted(rows[t], key=lambda r: r["event_time"]) for t in ("silver_dhcp", "silver_conn")}
-    noon = at(12)
-    if order == "in_order_small_batches":
-        steps = [{t: [r for r in rs if r["event_time"] < noon] for t, rs in rows.items()},
-                 {t: [r for r in rs if r["event_time"] >= noon] for t, rs in rows.items()}]
-    else:
-        rng = random.Random(5)
-        jittered = {t: sorted(rs, key=lambda r: r["event_time"] + dt.timedelta(minutes=rng.uniform(0, 90)))
-                    for t, rs in rows.items()}
-        steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]}]
-    steps.append({t: sentinels(t) for t in rows})
+    rng = random.Random(5)
+    jittered = {t: sorted(rows[t], key=lambda r: r["event_time"] + dt.timedelta(minutes=rng.uniform(0, 90)))
+                for t in ("silver_dhcp", "silver_conn")}
+    steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]},
+             {t: sentinels(t) for t in jittered}]
+    batches = 0
     for step in steps:
         for table, table_rows in step.items():
-            for i in range(0, max(len(table_rows), 1), 4):  # several commits, several files
+            for i in range(0, max(len(table_rows), 1), 4):
                 commit(lake, table, table_rows[i:i + 4])
         reports = run_stages(spark, lake, settings, ("enriched_conn",))
         assert all(r.late_rows == 0 for r in reports.values())
-    assert reports["enriched_conn"].batches >= 1
+        batches += reports["enriched_conn"].batches
+    assert batches >= len(jittered["silver_conn"]) // 4  # a micro-batch per conn commit at least
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
 
 
