@@ -538,20 +538,21 @@ def _table_text(header: list[str], rows: list[list[str | None]], right: list[boo
 
 
 def _human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(n)
+    units = ("B", "KB", "MB", "GB", "TB")
+    size, step = float(n), 0
+    while size >= 1024 and step < len(units) - 1:
+        size, step = size / 1024, step + 1
+    return f"{n} B" if step == 0 else f"{size:.1f} {units[step]}"
 
 
-def _tables_for_display(frame: pd.DataFrame) -> pd.DataFrame:
-    """`tables()` for people: sizes in KB/MB, "not created yet" in place of a last commit."""
-    shown = frame.copy()
-    shown["size"] = [_human_size(n) if e else None for n, e in zip(frame["size_bytes"], frame["exists"])]
-    shown["last_commit"] = [t if e else "not created yet" for t, e in zip(frame["last_commit"], frame["exists"])]
-    return shown[["name", "layer", "version", "rows", "files", "size", "last_commit", "partitioned_by"]]
+def _write_tables(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
+    """`tables()`; for people (table format) with sizes in KB/MB and "not created yet" as the last commit."""
+    if fmt == "table":
+        frame = frame.assign(
+            size=[_human_size(n) if e else None for n, e in zip(frame["size_bytes"], frame["exists"])],
+            last_commit=[t if e else "not created yet" for t, e in zip(frame["last_commit"], frame["exists"])],
+        )[["name", "layer", "version", "rows", "files", "size", "last_commit", "partitioned_by"]]
+    _write_pandas(frame, fmt, out)
 
 
 # ---- command line --------------------------------------------------------------------------------
@@ -616,12 +617,12 @@ class _Shell:
         """Run one dot-command; False means leave."""
         word, _, rest = line.partition(" ")
         rest = rest.strip()
-        if word in (".quit", ".exit", "\\q"):
+        if word in (".quit", "\\q"):
             return False
         if word == ".help":
-            self.out.write(_HELP.format(fmt=self.fmt, limit=self.limit, as_of=self.as_of or "off"))
+            self.out.write(_HELP.format(fmt=self.fmt, limit=self.limit, as_of="off" if self.as_of is None else self.as_of))
         elif word == ".tables":
-            self._guarded(lambda: _write_pandas(_tables_for_display(self.db.tables()), "table", self.out))
+            self._guarded(lambda: _write_tables(self.db.tables(), self.fmt, self.out))
         elif word == ".history" and rest:
             self._guarded(lambda: _write_pandas(self.db.history(rest, limit=self.limit or None), self.fmt, self.out))
         elif word == ".schema" and rest:
@@ -631,7 +632,10 @@ class _Shell:
         elif word == ".limit" and rest.isdigit():
             self.limit = int(rest)
         elif word == ".as-of" and rest:
-            self._guarded(lambda: setattr(self, "as_of", None if rest == "off" else parse_as_of(rest)))
+            try:
+                self.as_of = None if rest == "off" else parse_as_of(rest)
+            except ValueError as exc:
+                self.err.write(f"error: {exc}\n")
         else:
             self.err.write(f"error: unknown or incomplete command {line!r}; .help lists them\n")
         return True
@@ -699,8 +703,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if script is None:
         shell = _Shell(db, args.format, args.limit, as_of, sys.stdout, sys.stderr)
         read_line, save = _readline_input(db)
-        print(f"seclake sql: {len(db.created())} tables in {db.lake.home.root}; .help for help, \\q to quit",
-              file=sys.stderr)
+        count = len(db.created())
+        print(f"seclake sql: {count} table{'' if count == 1 else 's'} in {db.lake.home.root}; "
+              ".help for help, \\q to quit", file=sys.stderr)
         try:
             return shell.run(read_line)
         finally:
@@ -716,8 +721,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    frame = connect(args.home).tables()
-    _write_pandas(_tables_for_display(frame) if args.format == "table" else frame, args.format, sys.stdout)
+    _write_tables(connect(args.home).tables(), args.format, sys.stdout)
     return 0
 
 

@@ -5,7 +5,7 @@ import csv
 import io
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -268,7 +268,9 @@ def test_shell_runs_multi_line_statements_and_survives_errors(db):
         "SELECT count(*) AS n",
         "  FROM silver_dns;",
         "SELECT * FROM nope;",
+        ".as-of yesterday",
         ".as-of 0",
+        ".help",
         ".format csv",
         "SELECT count(*) AS n FROM silver_dns; SELECT 'a;b' AS s;",
         ".limit x",
@@ -285,8 +287,10 @@ def test_shell_runs_multi_line_statements_and_survives_errors(db):
     assert "silver_dns " in text and "not created yet" in text
     assert "n\n---\n600\n(1 row)\n" in text
     assert "n\n100\ns\na;b\n" in text
+    assert "pin every table of the following statements (now 0)" in text
     assert err.getvalue().splitlines() == [
         "error: unknown table 'nope' (known: silver_dns)",
+        "error: bad as-of 'yesterday': expected a version (12 or v12) or an ISO timestamp (2026-11-20T10:00:00Z)",
         "error: unknown or incomplete command '.limit x'; .help lists them",
     ]
 
