@@ -200,8 +200,9 @@ def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
 def collect_alerts(alerts: DataFrame) -> list[dict]:
     """The alerts as dicts ordered by window and host, timestamps as UTC datetimes."""
     stamps = [f.name for f in alerts.schema.fields if f.dataType.typeName() == "timestamp"]
-    rows = alerts.withColumns({c: F.unix_micros(c) for c in stamps}).orderBy("window_start", "src_ip").collect()
-    return [{k: _from_micros(v) if k in stamps and v is not None else v for k, v in r.asDict().items()} for r in rows]
+    rows = [{k: _from_micros(v) if k in stamps and v is not None else v for k, v in r.asDict().items()}
+            for r in alerts.withColumns({c: F.unix_micros(c) for c in stamps}).collect()]
+    return sorted(rows, key=lambda a: (a["window_start"], a["src_ip"] or "", a["alert_id"]))
 
 
 def parse_when(value: str, *, end_of_day: bool = False) -> datetime:

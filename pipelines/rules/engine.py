@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.jobs import RunningQuery, Starter
 from pipelines.lake.registry import Lake
@@ -40,6 +41,10 @@ CHECKPOINT_MARKER = "seclake_rule.json"
 
 class MissingInputError(RuntimeError):
     """A table the rule reads does not exist yet (nothing has written it); retried on sync."""
+
+
+class RuleRunError(RuntimeError):
+    """A rule query failed while running; the message names the rule, the batch and the cause."""
 
 
 @dataclass
@@ -67,6 +72,7 @@ class AlertWriter:
         self.sink = DeltaSink(self.alerts_path, app_id=app_id, partition_by=ALERTS_PARTITION_BY,
                               checkpoint_interval=checkpoint_interval)
         self.history: list[RuleBatch] = []
+        self.error: str | None = None
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
@@ -75,6 +81,10 @@ class AlertWriter:
             total, new = alerts.count(), fresh.count()
             result = self.sink.write_batch(fresh, batch_id)
             fresh.unpersist()
+        except Exception as exc:
+            # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
+            self.error = f"batch {batch_id}: {_first_line(exc)}"
+            raise
         finally:
             alerts.unpersist()
         stats = RuleBatch(batch_id, already_known=total - new, skipped=result.skipped)
@@ -85,6 +95,24 @@ class AlertWriter:
 
     def close(self) -> None:
         self.sink.close()
+
+
+class RuleQuery:
+    """A rule's StreamingQuery whose `exception()` names the rule and the root cause; everything
+    else is the StreamingQuery's own."""
+
+    def __init__(self, query: StreamingQuery, writer: AlertWriter) -> None:
+        self._query = query
+        self._writer = writer
+
+    def __getattr__(self, name: str):
+        return getattr(self._query, name)
+
+    def exception(self) -> BaseException | None:
+        exc = self._query.exception()
+        if exc is None or self._writer.error is None:
+            return exc
+        return RuleRunError(f"rule {self._writer.rule.slug} failed in {self._writer.error}")
 
 
 class IdleWriter:
@@ -122,11 +150,26 @@ class FailedQuery:
         pass
 
 
-def rule_session(spark: SparkSession) -> SparkSession:
-    """A child session for one rule: own temp views, shared SparkContext, files not readable by SQL."""
+# Spark pushes filters that do not use the event-time column below the watermark operator, so
+# a rule's watermark would only advance with the rows its WHERE clause keeps: a rule for rare
+# events (a tunnel, a high-severity IDS alert) would leave its last windows open until the
+# next such event. Streaming rule sessions therefore do not push predicates down; the
+# watermark sees every row of the table (rule queries read whole rows anyway).
+NO_PUSHDOWN_RULES: tuple[str, ...] = (
+    "org.apache.spark.sql.catalyst.optimizer.PushDownPredicates",
+    "org.apache.spark.sql.catalyst.optimizer.PushPredicateThroughNonJoin",
+)
+
+
+def rule_session(spark: SparkSession, *, streaming: bool = False) -> SparkSession:
+    """A child session for one rule: own temp views, shared SparkContext, files not readable by
+    SQL; a streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES)."""
     session = spark.newSession()
     session.conf.set("spark.sql.runSQLOnFiles", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
+    if streaming:
+        excluded = [r for r in (session.conf.get("spark.sql.optimizer.excludedRules", "") or "").split(",") if r]
+        session.conf.set("spark.sql.optimizer.excludedRules", ",".join([*excluded, *NO_PUSHDOWN_RULES]))
     return session
 
 
@@ -169,7 +212,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         app_id = claim_checkpoint(checkpoint, rule)
         alerts_path = table_path(lake, ALERTS_TABLE)
         ensure_alerts_table(alerts_path, settings.checkpoint_interval)
-        session = rule_session(spark)
+        session = rule_session(spark, streaming=True)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of
             # event time in every file, so splitting it by files would make the later files look late.
@@ -186,9 +229,9 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                  .option("checkpointLocation", str(checkpoint))
                  .trigger(**trigger)
                  .start())
-        return RunningQuery(rule.query_name, query, writer, (ALERTS_TABLE,))
+        return RunningQuery(rule.query_name, RuleQuery(query, writer), writer, (ALERTS_TABLE,))
     except Exception as exc:  # isolation: one broken rule must not stop the others
-        log.error("rule %s did not start: %s", rule.slug, str(exc).splitlines()[0] if str(exc) else repr(exc))
+        log.error("rule %s did not start: %s", rule.slug, _first_line(exc))
         if writer is not None:
             writer.close()
         return RunningQuery(rule.query_name, FailedQuery(rule.query_name, exc),
@@ -208,6 +251,11 @@ def stop_rule(running: RunningQuery, patience_s: float = 60.0) -> None:
         time.sleep(0.2)
     query.stop()
     running.writer.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _file_hash(path: Path) -> str:

@@ -112,7 +112,7 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
                 raise RuleError(f"{where}: input table {table!r} is not read by the rule (it reads {list(rule.tables)})")
             if not isinstance(items, list):
                 raise RuleError(f"{where}: input {table} must be a list of rows")
-            rows[table] = _expand(items, defaults.get(table) or {}, table, f"{where}, {table}")
+            rows[table] = expand_rows(table, items, defaults.get(table) or {}, f"{where}, {table}")
         expected = raw.get("alerts")
         if not isinstance(expected, list) or not all(isinstance(a, dict) for a in expected):
             raise RuleError(f"{where}: `alerts` must be a list of expected alerts (`alerts: []` for none)")
@@ -124,8 +124,16 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
     return cases
 
 
-def _expand(items: list, defaults: dict, table: str, where: str) -> list[dict]:
+def expand_rows(table: str, items: list, defaults: dict | None = None, where: str = "rows") -> list[dict]:
+    """Rows of `table` from the tests-file row syntax (defaults, `repeat`/`every`, `{i}`), typed
+    for `spark.createDataFrame(rows, table_schema(table))`.
+
+    >>> [r["query"] for r in expand_rows("enriched_dns", [{"event_time": "2026-11-20 09:00:00", "repeat": 2,
+    ...                                                     "every": "1 second", "query": "q{i}.biz"}])]
+    ['q0.biz', 'q1.biz']
+    """
     schema = table_schema(table)
+    defaults = defaults or {}
     rows: list[dict] = []
     for item in items:
         if not isinstance(item, dict):

@@ -1,0 +1,212 @@
+"""Rules as streaming queries: concurrent appends to one alerts table, stream == backtest,
+no duplicates across re-runs and checkpoint resets, failure isolation, hot deploy."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Python data sources run in Python workers started from PATH unless told otherwise (as in test_lake_source).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from pipelines.home import Home  # noqa: E402
+from pipelines.jobs import report  # noqa: E402
+from pipelines.lake.read import read_table  # noqa: E402
+from pipelines.lake.registry import Lake  # noqa: E402
+from pipelines.lake.sink import DeltaSink  # noqa: E402
+from pipelines.rules.backtest import backtest  # noqa: E402
+from pipelines.rules.engine import (FailedQuery, MissingInputError, RuleManager, claim_checkpoint,  # noqa: E402
+                                    rule_stages, start_rule, stop_rule)
+from pipelines.rules.spec import RuleError, validate_rule  # noqa: E402
+from pipelines.rules.tables import ALERTS_TABLE, table_schema  # noqa: E402
+from pipelines.rules.testing import expand_rows  # noqa: E402
+from pipelines.settings import Settings  # noqa: E402
+
+RULES = Path(__file__).resolve().parents[1] / "rules"
+DGA = RULES / "dns" / "dga_nxdomain_burst.sql"
+TUNNEL = RULES / "dns" / "dns_tunneling.sql"
+AVAILABLE_NOW = {"availableNow": True}
+HOST_A = {"src_ip": "10.0.1.14", "mac": "f4:8e:38:02:83:59", "device": "WS-SAL-412", "owner": "Raj Patel",
+          "qtype_name": "A", "rcode_name": "NXDOMAIN"}
+HOST_B = {"src_ip": "10.0.1.15", "mac": "f4:8e:38:6f:1e:4f", "device": "WS-FIN-101", "owner": "Ann Lee",
+          "qtype_name": "TXT", "rcode_name": "NOERROR"}
+LONG = "6a1f0e9c2b7d4e8f3a5c6b1d0e2f4a7c9b8d3e1f5a6c7b0d2e4f.9c2b7d4e8f3a5c6b1d0e.mind15.top"
+
+
+def append(spark, lake: Lake, table: str, batch_id: int, items: list[dict], defaults: dict | None = None) -> None:
+    rows = expand_rows(table, items, defaults)
+    sink = DeltaSink(lake.home.table(table), app_id="test-input", partition_by=["event_date"])
+    try:
+        sink.write_batch(spark.createDataFrame(rows, table_schema(table)), batch_id)
+    finally:
+        sink.close()
+
+
+def dga_burst(at: str, prefix: str) -> dict:
+    return {"event_time": at, "repeat": 30, "every": "1 second", "query": f"{prefix}{{i}}qzx.biz"}
+
+
+def tunnel(at: str) -> dict:
+    return {"event_time": at, "repeat": 40, "every": "5 seconds", "query": "{i:04d}" + LONG}
+
+
+def run_all(spark, lake: Lake, rules, settings: Settings = Settings()) -> list:
+    """Start every rule at once (their commits race on the alerts table), wait, release."""
+    started = time.monotonic()
+    running = [start_rule(spark, lake, settings, AVAILABLE_NOW, rule) for rule in rules]
+    for r in running:
+        try:
+            r.query.awaitTermination(300)
+        except Exception:  # a failed query: its report carries the error (as in jobs.run_once)
+            pass
+    reports = [report(r, started) for r in running]
+    for r in running:
+        r.writer.close()
+    return reports
+
+
+def alerts(spark, lake: Lake) -> list:
+    path = lake.home.table(ALERTS_TABLE)
+    return read_table(spark, path).collect() if (path / "_delta_log").is_dir() else []
+
+
+def wait_for(condition, timeout_s: float = 180.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    return Lake(Home.resolve(tmp_path / "home").create())
+
+
+def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark, lake):
+    rules = [validate_rule(DGA), validate_rule(TUNNEL)]
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    append(spark, lake, "enriched_dns", 1, [tunnel("2026-11-20 10:00:00")], HOST_B)
+    append(spark, lake, "enriched_dns", 2, [dga_burst("2026-11-20 11:10:00", "b"), dga_burst("2026-11-20 12:40:00", "c")], HOST_A)
+    first = run_all(spark, lake, rules)
+    assert all(r.error is None for r in first), [r.line() for r in first]
+    # Last event 12:40:29, watermark 2 h: the windows closed so far are 09:10 (DGA) and 10:00 (tunnel).
+    assert sum(r.rows_out.get(ALERTS_TABLE, 0) for r in first) == 2
+
+    # Later data moves the watermark (2 h) past 12:45: the 12:40 burst's window closes now.
+    append(spark, lake, "enriched_dns", 3, [{"event_time": "2026-11-20 15:00:00", "query": "www.example.com",
+                                            "rcode_name": "NOERROR"}], HOST_A)
+    second = run_all(spark, lake, rules)
+    assert all(r.error is None for r in second), [r.line() for r in second]
+    streamed = alerts(spark, lake)
+    assert sorted((a.rule_name.split()[0], str(a.window_start)) for a in streamed) == [
+        ("DGA-like", "2026-11-20 09:10:00"), ("DGA-like", "2026-11-20 11:10:00"), ("DGA-like", "2026-11-20 12:40:00"),
+        ("DNS", "2026-11-20 10:00:00")]
+
+    # The backtest runs the same SQL over the tables' snapshot: the same alert ids, for every
+    # window the stream's watermark (last event 15:00 - 2 h = 13:00) has closed.
+    for rule in rules:
+        batch = backtest(spark, lake, rule).alerts
+        closed = {a["alert_id"] for a in batch if a["window_end"].strftime("%H:%M") <= "13:00"}
+        assert closed == {a.alert_id for a in streamed if a.rule_id == rule.id}
+
+    # A re-run from scratch (checkpoint deleted, batch ids start again at 0) adds nothing: the
+    # alerts already in the table are recognised by their ids.
+    shutil.rmtree(lake.home.checkpoint(rules[0].checkpoint_name))
+    third = run_all(spark, lake, rules[:1])
+    assert third[0].error is None and third[0].rows_out.get(ALERTS_TABLE, 0) == 0 and third[0].batches >= 1
+    again = alerts(spark, lake)
+    assert len(again) == len(streamed) == len({a.alert_id for a in again})
+    assert all(a.event_date == a.window_start.date() and a.severity and a.mitre for a in again)
+
+
+def test_a_failing_rule_is_isolated_and_reported(spark, lake):
+    good = validate_rule(DGA)
+    text = DGA.read_text()
+    breaks_at_run_time = validate_rule(
+        text.replace("f6097087-51a0-4890-829e-23f828e73b08", "0f6d1b7a-5c6e-4b8a-9a62-0c4a5e0f1d21")
+            .replace("lower(query) AS name,", "CAST(query AS INT) AS name,"), slug="casts_names_to_int")
+    no_input = validate_rule((RULES / "conn" / "internal_port_scan.sql"))
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
+                                            {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+    reports = {r.name: r for r in run_all(spark, lake, [breaks_at_run_time, no_input, good])}
+    assert reports["rule:dga_nxdomain_burst"].error is None
+    assert reports["rule:dga_nxdomain_burst"].rows_out == {ALERTS_TABLE: 1}
+    error = reports["rule:casts_names_to_int"].error
+    assert error.startswith("rule casts_names_to_int failed in batch ") and "CAST_INVALID_INPUT" in error
+    assert "input table(s) ['enriched_conn'] do not exist yet" in reports["rule:internal_port_scan"].error
+    assert len(alerts(spark, lake)) == 1
+
+
+def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic(tmp_path, lake):
+    (tmp_path / "rules" / "dns").mkdir(parents=True)
+    shutil.copy(DGA, tmp_path / "rules" / "dns" / DGA.name)
+    (tmp_path / "rules" / "dns" / "broken.sql").write_text("/* name: x */ SELECT 1")
+    stages = dict(rule_stages(tmp_path / "rules"))
+    assert list(stages) == ["rule:dga_nxdomain_burst", "rule:broken"]
+    failed = stages["rule:broken"](None, lake, Settings(), AVAILABLE_NOW)
+    assert isinstance(failed.query, FailedQuery) and "missing or empty" in str(failed.query.exception())
+    assert "FAILED" in report(failed, time.monotonic()).line()
+
+    rule = validate_rule(DGA)
+    checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+    app_id = claim_checkpoint(checkpoint, rule)
+    assert claim_checkpoint(checkpoint, rule) == app_id and app_id.startswith(f"rule:{rule.id}:v1:")
+    edited = validate_rule(DGA.read_text().replace("domains >= 20", "domains >= 25"), slug=rule.slug)
+    with pytest.raises(RuleError, match="bump `version`"):
+        claim_checkpoint(checkpoint, edited)
+
+
+def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_path, lake):
+    folder = tmp_path / "rules" / "dns"
+    folder.mkdir(parents=True)
+    shutil.copy(DGA, folder / DGA.name)
+    shutil.copy(TUNNEL, folder / TUNNEL.name)
+    manager = RuleManager(tmp_path / "rules")
+    settings = Settings()
+    trigger = {"processingTime": "2 seconds"}
+    running: list = []
+    try:
+        # Nothing has written enriched_dns yet: both rules wait, and are retried on the next sync.
+        first = manager.sync(spark, lake, settings, trigger, running)
+        assert sorted(first.started) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"]
+        assert all(isinstance(r.query.exception(), MissingInputError) for r in running)
+        append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
+                                                {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+        retried = manager.sync(spark, lake, settings, trigger, running)
+        assert sorted(retried.restarted) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"]
+        assert all(r.query.isActive for r in running)
+        assert not manager.sync(spark, lake, settings, trigger, running)  # nothing changed: nothing done
+        tunnel_query = next(r for r in running if r.name == "rule:dns_tunneling").query
+
+        # v2 of the DGA rule: restarted on its own checkpoint; the tunnelling query untouched.
+        (folder / DGA.name).write_text(DGA.read_text().replace("version: 1", "version: 2"))
+        second = manager.sync(spark, lake, settings, trigger, running)
+        assert second.restarted == ["rule:dga_nxdomain_burst"] and not second.started and not second.stopped
+        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query
+        assert next(r for r in running if r.name == "rule:dga_nxdomain_burst").writer.rule.version == 2
+
+        # An edit that breaks the file keeps the running version; a new invalid file starts nothing.
+        (folder / TUNNEL.name).write_text("/* broken */ SELECT 1")
+        (folder / "new_rule.sql").write_text("SELECT 1")
+        third = manager.sync(spark, lake, settings, trigger, running)
+        assert not third and sorted(third.invalid) == ["rule:dns_tunneling", "rule:new_rule"]
+        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query and tunnel_query.isActive
+
+        # Removing a file stops its query.
+        (folder / TUNNEL.name).unlink()
+        (folder / "new_rule.sql").unlink()
+        fourth = manager.sync(spark, lake, settings, trigger, running)
+        assert fourth.stopped == ["rule:dns_tunneling"] and not tunnel_query.isActive
+        assert [r.name for r in running] == ["rule:dga_nxdomain_burst"]
+
+        # v2 reads the table from its own checkpoint: the burst is alerted again, as v2.
+        assert wait_for(lambda: any(a.rule_version == 2 for a in alerts(spark, lake)))
+    finally:
+        for r in running:
+            stop_rule(r)
