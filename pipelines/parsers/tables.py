@@ -1,0 +1,130 @@
+"""Parsed lines -> rows of the bronze, quarantine and silver tables.
+
+`parse` runs the source's parser and adds what every source shares: address validation,
+the Community ID, `event_id` and `event_date`. The `to_*` functions only filter and select,
+so the ETL can call all of them on one parsed micro-batch.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
+
+from pipelines.parsers.common import Query, first_error, lit, to_date
+from pipelines.parsers.community_id import add_community_id, add_ip_hex
+from pipelines.parsers.eve import FLOW_KINDS as EVE_FLOW_KINDS
+from pipelines.parsers.eve import parse_eve
+from pipelines.parsers.lines import check_source
+from pipelines.parsers.zeek import parse_zeek
+from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA, SILVER_KINDS, silver_schema, SILVER_SCHEMAS
+
+# Silver columns that are not payload: parse names them differently or derives them here.
+_LINEAGE = ("event_id", "event_time", "event_date", "source", "sensor", "source_file", "line_number")
+
+
+def _payload_types() -> dict[str, DataType]:
+    types: dict[str, DataType] = {}
+    for schema in SILVER_SCHEMAS.values():
+        for field in schema.fields:
+            if field.name not in _LINEAGE:
+                types.setdefault(field.name, field.dataType)
+    return types
+
+
+PAYLOAD_TYPES = _payload_types()
+PARSED_COLUMNS = ("source", "sensor", "file", "line_number", "raw", "kind", "error", "event_id", "event_time",
+                  "event_date", *PAYLOAD_TYPES)
+
+# Per source: the kinds whose flow 5-tuple goes to silver, and how the source names the addresses.
+_FLOWS = {
+    "zeek": (("conn", "dns"), "id.orig_h", "id.resp_h"),
+    "suricata": (EVE_FLOW_KINDS, "src_ip", "dest_ip"),
+}
+
+
+def parse(lines: DataFrame, source: str) -> DataFrame:
+    """Data lines (from `split_lines`) -> one row per line with every bronze column, `kind`, `error`,
+    `event_id`, `event_time`, `event_date` and the typed payload of all silver tables (PARSED_COLUMNS).
+
+    `error` is NULL when the line parsed, else a short reason ('invalid JSON', 'wrong field
+    count: 18 values for 20 #fields', ...); `event_time`/`event_date` are NULL for such lines.
+    `event_id` is sha256 of source + ':' + raw line, so byte-identical duplicates share it.
+    No actions: works on streaming and batch DataFrames.
+
+    >>> parsed = parse(split_lines(files, "suricata"), "suricata")
+    >>> parsed.where("error IS NULL").select("kind", "community_id").first()
+    Row(kind='alert', community_id='1:0wmPaeGXbZ0wDSG437PQnKNJNx8=')
+    """
+    check_source(source)
+    q = Query(lines.columns)
+    (parse_zeek if source == "zeek" else parse_eve)(q)
+    flow_kinds, src_label, dst_label = _FLOWS[source]
+    add_ip_hex(add_ip_hex(q, "src_ip", "_src_hex"), "dst_ip", "_dst_hex")
+    flow = "kind IN (" + ", ".join(lit(k) for k in flow_kinds) + ")"
+    q.stage("*", error=first_error(
+        ("error IS NOT NULL", "error"),
+        (f"{flow} AND src_ip IS NULL", lit(f"missing {src_label} value")),
+        (f"{flow} AND _src_hex IS NULL", lit(f"bad {src_label} value")),
+        (f"{flow} AND dst_ip IS NULL", lit(f"missing {dst_label} value")),
+        (f"{flow} AND _dst_hex IS NULL", lit(f"bad {dst_label} value")),
+    ))
+    add_community_id(q, "_cid", "src_ip", "dst_ip", "src_port", "dst_port", "proto", "_src_hex", "_dst_hex")
+    derived = {
+        "event_id": "sha2(concat(source, ':', raw), 256)",
+        "event_time": "CASE WHEN error IS NULL THEN event_time END",
+        "event_date": f"CASE WHEN error IS NULL THEN {to_date('event_time')} END",
+        # A sensor's own Community ID wins: it may have been computed with a seed we cannot know.
+        "community_id": f"CASE WHEN {flow} THEN coalesce(community_id, _cid) END",
+    }
+    present = set(q.columns)
+
+    def column(name: str) -> str:
+        # Payload a source never has (e.g. alert fields for Zeek) is NULL.
+        sql = derived.get(name) or (f"`{name}`" if name in present else "NULL")
+        return f"CAST({sql} AS {PAYLOAD_TYPES[name].simpleString()})" if name in PAYLOAD_TYPES else sql
+
+    return q.stage([], **{name: column(name) for name in PARSED_COLUMNS}).build(lines)
+
+
+def to_silver(parsed: DataFrame, table: str) -> DataFrame:
+    """Good rows of one silver table, exactly SILVER_SCHEMAS[table]'s columns and types in order.
+
+    >>> to_silver(parse(split_lines(files, "zeek"), "zeek"), "silver_dns").columns[:4]
+    ['event_id', 'event_time', 'event_date', 'source']
+    """
+    schema = silver_schema(table)
+    feeds = None
+    for source, kind in SILVER_KINDS[table]:
+        match = (F.col("source") == source) & (F.col("kind") == kind)
+        feeds = match if feeds is None else feeds | match
+    names = {"source_file": "file"}
+    return parsed.where(F.col("error").isNull() & feeds).select(
+        *[F.col(names.get(f.name, f.name)).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
+def to_quarantine(parsed: DataFrame) -> DataFrame:
+    """Lines that did not parse: source, sensor, file, line_number, raw, reason.
+
+    The ETL adds batch_id and ingest_time to complete QUARANTINE_SCHEMA.
+
+    >>> to_quarantine(parsed).columns
+    ['source', 'sensor', 'file', 'line_number', 'raw', 'reason']
+    """
+    names = {"reason": "error"}
+    return parsed.where(F.col("error").isNotNull()).select(
+        *[F.col(names.get(f.name, f.name)).cast(f.dataType).alias(f.name)
+          for f in QUARANTINE_SCHEMA.fields if f.name not in ("batch_id", "ingest_time")])
+
+
+def to_bronze(parsed: DataFrame) -> DataFrame:
+    """Every data line, good and bad: source, sensor, file, line_number, raw, kind, event_date, parse_ok.
+
+    `event_date` (the partition) is NULL for lines that did not parse. The ETL adds batch_id
+    and ingest_time to complete BRONZE_SCHEMA.
+
+    >>> to_bronze(parsed).columns[-2:]
+    ['event_date', 'parse_ok']
+    """
+    derived = {"parse_ok": F.col("error").isNull()}
+    return parsed.select(*[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
+                           for f in BRONZE_SCHEMA.fields if f.name not in ("batch_id", "ingest_time")])

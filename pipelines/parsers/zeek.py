@@ -1,0 +1,131 @@
+"""Zeek logs (TSV with headers, or JSON lines) -> typed, normalised columns.
+
+Values are looked up by field name in the line's own `#fields` header (TSV) or by JSON key,
+never by position, so extra or reordered columns (`_node_name`, `label`) are harmless. Every
+field is first read as a string (JSON numbers and arrays included, as their JSON text) and
+converted with try_cast, so a value of the wrong type becomes a 'bad <field> value' reason
+rather than a NULL or an exception.
+"""
+from __future__ import annotations
+
+from pipelines.parsers.common import (
+    Query, bad, bad_time, file_stem, first_error, line_checks, lit, to_mac, to_port, to_proto, to_time,
+)
+from pipelines.parsers.lines import separator_regex
+
+SCALARS = (
+    "ts", "uid", "id.orig_h", "id.orig_p", "id.resp_h", "id.resp_p", "proto", "_node_name", "community_id",
+    # dns
+    "trans_id", "query", "qtype_name", "rcode_name",
+    # conn
+    "service", "duration", "orig_bytes", "resp_bytes", "orig_pkts", "resp_pkts", "conn_state",
+    # dhcp (Zeek >= 2.6); `assigned_ip` only exists in the older schema
+    "client_addr", "server_addr", "mac", "host_name", "client_fqdn", "domain", "requested_addr",
+    "assigned_addr", "lease_time", "assigned_ip",
+)
+LISTS = ("answers", "TTLs", "uids", "msg_types")
+FIELDS = SCALARS + LISTS
+
+# Every key a STRING: JSON numbers and arrays arrive as their JSON text.
+JSON_SCHEMA = "struct<_path: string, " + ", ".join(f"`{n}`: string" for n in FIELDS) + ", _corrupt_record: string>"
+
+OLD_DHCP = "old Zeek (<2.6) dhcp.log schema not supported"
+
+
+def _r(name: str) -> str:
+    return "_r_" + name.replace(".", "_")
+
+
+def parse_zeek(q: Query) -> Query:
+    """Add the steps turning Zeek data lines (columns of `split_lines(files, 'zeek')`) into source, file,
+    line_number, raw, sensor, kind, error, event_time and the payload columns Zeek has.
+
+    >>> lines = split_lines(files, "zeek")
+    >>> parse_zeek(Query(lines.columns)).build(lines).select("kind", "error", "query").first()
+    Row(kind='dns', error=None, query='ise.wrccdc.org')
+    """
+    base = ["source", "file", "line_number", "raw"]
+    q.stage([*base, "zeek_header"],
+               _pre=first_error(*line_checks("raw", "valid_utf8")),
+               _tsv="(zeek_header IS NOT NULL OR zeek_format = 'tsv' "
+                    "OR (zeek_format IS NULL AND NOT startswith(ltrim(raw), '{')))")
+    q.stage("*",
+               _vals=f"CASE WHEN _tsv AND _pre IS NULL THEN split(raw, {separator_regex('zeek_header.separator')}, -1) END",
+               _j=f"CASE WHEN NOT _tsv AND _pre IS NULL THEN from_json(raw, {lit(JSON_SCHEMA)}) END")
+    # Position of each field in this line's #fields (0 when absent: get() then gives NULL).
+    q.stage("*", **{f"_i{i}": f"CAST(array_position(zeek_header.fields, {lit(name)}) - 1 AS INT)"
+                           for i, name in enumerate(FIELDS)})
+    kind = "CASE WHEN _tsv THEN zeek_header.path ELSE _j._path END"
+    old_dhcp = ("CASE WHEN _tsv THEN array_contains(zeek_header.fields, 'assigned_ip') "
+                "ELSE _j.assigned_ip IS NOT NULL OR (_j.uid IS NOT NULL AND _j.uids IS NULL) END")
+
+    def raw_value(i: int, name: str) -> str:
+        v = f"get(_vals, _i{i})"
+        tsv = f"CASE WHEN {v} = zeek_header.unset_field THEN NULL WHEN {v} = zeek_header.empty_field THEN '' ELSE {v} END"
+        return f"CASE WHEN _tsv THEN {tsv} ELSE _j.`{name}` END"
+
+    q.stage([*base, "_pre", "_tsv"],
+               _nvals="size(_vals)", _nfields="size(zeek_header.fields)",
+               _no_header="zeek_header IS NULL", _no_json="(_j IS NULL OR _j._corrupt_record IS NOT NULL)",
+               _set_sep="zeek_header.set_separator",
+               kind=f"coalesce(nullif({kind}, ''), {file_stem('file')})",
+               _old_dhcp=old_dhcp,
+               **{_r(name): raw_value(i, name) for i, name in enumerate(FIELDS)})
+
+    def listed(name: str) -> str:
+        v = _r(name)
+        return (f"CASE WHEN _tsv THEN CASE WHEN {v} = '' THEN array() ELSE split({v}, {separator_regex('_set_sep')}, -1) END "
+                f"ELSE from_json({v}, 'array<string>') END")
+
+    q.stage("*",
+               event_time=to_time(_r("ts")),
+               src_port=to_port(_r("id.orig_p")),
+               dst_port=to_port(_r("id.resp_p")),
+               trans_id=f"try_cast({_r('trans_id')} AS INT)",
+               answers=listed("answers"),
+               ttls=f"try_cast({listed('TTLs')} AS array<double>)",
+               uids=listed("uids"),
+               msg_types=listed("msg_types"),
+               duration=f"try_cast({_r('duration')} AS DOUBLE)",
+               orig_bytes=f"try_cast({_r('orig_bytes')} AS BIGINT)",
+               resp_bytes=f"try_cast({_r('resp_bytes')} AS BIGINT)",
+               orig_pkts=f"try_cast({_r('orig_pkts')} AS BIGINT)",
+               resp_pkts=f"try_cast({_r('resp_pkts')} AS BIGINT)",
+               lease_time=f"try_cast({_r('lease_time')} AS DOUBLE)",
+               mac=to_mac(_r("mac")))
+
+    def checked(kinds: tuple[str, ...], *pairs: tuple[str, str]) -> list[tuple[str, str]]:
+        in_kinds = "kind IN (" + ", ".join(lit(k) for k in kinds) + ")"
+        return [(f"{in_kinds} AND {cond}", reason) for cond, reason in (bad(f, _r(f), typed) for f, typed in pairs)]
+
+    error = first_error(
+        ("_pre IS NOT NULL", "_pre"),
+        ("_tsv AND _no_header", lit("no #fields header")),
+        ("NOT _tsv AND _no_json", lit("invalid JSON")),
+        ("kind = 'dhcp' AND _old_dhcp", lit(OLD_DHCP)),
+        ("_tsv AND _nvals != _nfields", "format_string('wrong field count: %d values for %d #fields', _nvals, _nfields)"),
+        (f"{_r('ts')} IS NULL", lit("missing ts value")),
+        bad_time("ts", _r("ts"), "event_time"),
+        *checked(("conn", "dns"), ("id.orig_p", "src_port"), ("id.resp_p", "dst_port")),
+        *checked(("dns",), ("trans_id", "trans_id"), ("answers", "answers"), ("TTLs", "ttls")),
+        ("kind = 'dns' AND size(ttls) != size(array_compact(ttls))", lit("bad TTLs value")),
+        *checked(("conn",), ("duration", "duration"), ("orig_bytes", "orig_bytes"), ("resp_bytes", "resp_bytes"),
+                 ("orig_pkts", "orig_pkts"), ("resp_pkts", "resp_pkts")),
+        *checked(("dhcp",), ("uids", "uids"), ("msg_types", "msg_types"), ("lease_time", "lease_time"),
+                 ("mac", "mac")),
+    )
+    return q.stage([*base, "kind", "event_time", "src_port", "dst_port", "trans_id", "answers", "ttls", "uids",
+                      "msg_types", "mac", "lease_time", "duration", "orig_bytes", "resp_bytes", "orig_pkts",
+                      "resp_pkts"],
+                 sensor=f"coalesce({_r('_node_name')}, 'zeek')",
+                 error=error,
+                 uid=f"coalesce({_r('uid')}, get(uids, 0))",
+                 community_id=_r("community_id"),
+                 src_ip=_r("id.orig_h"),
+                 dst_ip=_r("id.resp_h"),
+                 proto=to_proto(_r("proto")),
+                 dns_type=f"CASE WHEN kind = 'dns' THEN CASE WHEN {_r('rcode_name')} IS NOT NULL "
+                          f"THEN 'query+answer' ELSE 'query' END END",
+                 **{name: _r(name) for name in ("query", "qtype_name", "rcode_name", "host_name", "client_fqdn",
+                                                "domain", "client_addr", "server_addr", "requested_addr",
+                                                "assigned_addr", "service", "conn_state")})

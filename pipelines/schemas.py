@@ -1,0 +1,214 @@
+"""Schemas of the bronze, quarantine and silver tables, and the column each is partitioned by.
+
+Built from StructField constructors (not DDL strings) so importing this module needs no
+SparkSession. Every column is documented in docs/tables.md.
+"""
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+SOURCES: tuple[str, ...] = ("zeek", "suricata")
+
+
+def _fields(*columns: tuple[str, DataType]) -> list[StructField]:
+    return [StructField(name, dtype, True) for name, dtype in columns]
+
+
+_STRINGS = ArrayType(StringType(), True)
+
+# Lineage columns every data line carries from the landing file.
+_LINE = (
+    ("source", StringType()),
+    ("sensor", StringType()),
+    ("file", StringType()),
+    ("line_number", LongType()),
+    ("raw", StringType()),
+)
+
+# batch_id and ingest_time are added by the ETL job, not by the parsers.
+_INGEST = (("batch_id", LongType()), ("ingest_time", TimestampType()))
+
+BRONZE_SCHEMA = StructType(_fields(
+    *_LINE,
+    ("kind", StringType()),
+    ("event_date", DateType()),
+    ("parse_ok", BooleanType()),
+    *_INGEST,
+))
+
+QUARANTINE_SCHEMA = StructType(_fields(*_LINE, ("reason", StringType()), *_INGEST))
+
+# Leading columns of every silver table, in this order.
+_SILVER_HEAD = (
+    ("event_id", StringType()),
+    ("event_time", TimestampType()),
+    ("event_date", DateType()),
+    ("source", StringType()),
+    ("sensor", StringType()),
+    ("source_file", StringType()),
+    ("line_number", LongType()),
+    ("uid", StringType()),
+)
+
+_FLOW = (
+    ("community_id", StringType()),
+    ("src_ip", StringType()),
+    ("src_port", IntegerType()),
+    ("dst_ip", StringType()),
+    ("dst_port", IntegerType()),
+    ("proto", StringType()),
+)
+
+SILVER_SCHEMAS: dict[str, StructType] = {
+    "silver_dns": StructType(_fields(
+        *_SILVER_HEAD, *_FLOW,
+        ("trans_id", IntegerType()),
+        ("dns_type", StringType()),
+        ("query", StringType()),
+        ("qtype_name", StringType()),
+        ("rcode_name", StringType()),
+        ("answers", _STRINGS),
+        ("ttls", ArrayType(DoubleType(), True)),
+    )),
+    "silver_dhcp": StructType(_fields(
+        *_SILVER_HEAD,
+        ("uids", _STRINGS),
+        ("mac", StringType()),
+        ("host_name", StringType()),
+        ("client_fqdn", StringType()),
+        ("domain", StringType()),
+        ("client_addr", StringType()),
+        ("server_addr", StringType()),
+        ("requested_addr", StringType()),
+        ("assigned_addr", StringType()),
+        ("lease_time", DoubleType()),
+        ("msg_types", _STRINGS),
+    )),
+    "silver_conn": StructType(_fields(
+        *_SILVER_HEAD, *_FLOW,
+        ("service", StringType()),
+        ("duration", DoubleType()),
+        ("orig_bytes", LongType()),
+        ("resp_bytes", LongType()),
+        ("orig_pkts", LongType()),
+        ("resp_pkts", LongType()),
+        ("conn_state", StringType()),
+    )),
+    "silver_ids_alerts": StructType(_fields(
+        *_SILVER_HEAD, *_FLOW,
+        ("app_proto", StringType()),
+        ("action", StringType()),
+        ("gid", IntegerType()),
+        ("signature_id", IntegerType()),
+        ("rev", IntegerType()),
+        ("signature", StringType()),
+        ("category", StringType()),
+        ("severity", IntegerType()),
+    )),
+}
+
+PARTITION_COLUMNS: dict[str, list[str]] = {
+    "bronze": ["event_date"],
+    # Quarantined lines have no trustworthy event time to partition by.
+    "quarantine": [],
+    **{table: ["event_date"] for table in SILVER_SCHEMAS},
+}
+
+# Which (source, kind) pairs feed each silver table.
+SILVER_KINDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "silver_dns": (("zeek", "dns"), ("suricata", "dns")),
+    "silver_dhcp": (("zeek", "dhcp"), ("suricata", "dhcp")),
+    "silver_conn": (("zeek", "conn"), ("suricata", "flow")),
+    "silver_ids_alerts": (("suricata", "alert"),),
+}
+
+
+def silver_schema(table: str) -> StructType:
+    """The schema of one silver table; ValueError names an unknown table.
+
+    >>> silver_schema("silver_dns").fieldNames()[:3]
+    ['event_id', 'event_time', 'event_date']
+    """
+    try:
+        return SILVER_SCHEMAS[table]
+    except KeyError:
+        raise ValueError(f"unknown silver table {table!r}; expected one of {sorted(SILVER_SCHEMAS)}") from None
+
+
+# --- alerts (appended by the rule engine, pipelines/rules/) ---------------------------------
+# One row per alert of any rule; `alert_id` is a stable hash of (rule id, rule version, the
+# rule's group keys, window), so re-runs and backfills never add a second row for an alert.
+# `details` holds the rule's extra output columns as JSON. Partitioned by event_date =
+# UTC date of window_start.
+ALERTS_SCHEMA = StructType(_fields(
+    ("alert_id", StringType()),
+    ("rule_id", StringType()),
+    ("rule_name", StringType()),
+    ("rule_version", IntegerType()),
+    ("severity", StringType()),
+    ("mitre", _STRINGS),
+    ("src_ip", StringType()),
+    ("mac", StringType()),
+    ("device", StringType()),
+    ("owner", StringType()),
+    ("window_start", TimestampType()),
+    ("window_end", TimestampType()),
+    ("first_seen", TimestampType()),
+    ("last_seen", TimestampType()),
+    ("evidence", StringType()),
+    ("details", StringType()),
+    ("detected_at", TimestampType()),
+    ("event_date", DateType()),
+))
+
+# ---- attribution (issue 5): dhcp_leases, enriched_<kind>, late_events; rules in docs/attribution.md
+
+# One row per lease segment: [valid_from, valid_to) during which `mac` held `ip`. Segments of one
+# IP never overlap and none is longer than Settings.max_lease_age, so the enriched joins can bound state.
+LEASE_SCHEMA = StructType(_fields(
+    ("ip", StringType()),
+    ("mac", StringType()),
+    ("hostname", StringType()),
+    ("valid_from", TimestampType()),
+    ("valid_to", TimestampType()),
+    ("lease_time", DoubleType()),
+    ("start_reason", StringType()),
+    ("end_reason", StringType()),
+    ("event_date", DateType()),
+))
+
+# What attribution adds to every silver column; NULL when no lease held the IP at the event's time.
+_ATTRIBUTION = (
+    ("attributed_ip", StringType()),
+    ("mac", StringType()),
+    ("hostname", StringType()),
+    ("device", StringType()),
+    ("owner", StringType()),
+    ("lease_valid_from", TimestampType()),
+)
+
+ENRICHED_SCHEMAS: dict[str, StructType] = {
+    f"enriched_{kind}": StructType(SILVER_SCHEMAS[f"silver_{kind}"].fields + _fields(*_ATTRIBUTION))
+    for kind in ("conn", "dns", "ids_alerts")
+}
+
+# One row per micro-batch in which a stateful attribution query dropped rows older than its watermark.
+LATE_EVENTS_SCHEMA = StructType(_fields(
+    ("query", StringType()),
+    ("batch_id", LongType()),
+    ("watermark", TimestampType()),
+    ("late_rows", LongType()),
+    ("recorded_at", TimestampType()),
+))
