@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pipelines.sql import add_commands as add_sql_commands
 
     add_sql_commands(sub, _home_arg)
+
+    from pipelines.rules.cli import add_commands as add_rules_commands
+
+    add_rules_commands(sub, _home_arg)
     return parser
 
 

@@ -22,6 +22,7 @@ from pipelines.settings import Settings
 log = logging.getLogger("seclake")
 
 AVAILABLE_NOW: dict[str, object] = {"availableNow": True}
+RULE_SYNC_SECONDS = 5.0
 
 
 def processing_time(interval: str) -> dict[str, object]:
@@ -104,9 +105,10 @@ Starter = Callable[[SparkSession, Lake, Settings, dict], RunningQuery]
 
 def stages() -> list[tuple[str, Starter]]:
     """The pipeline's queries in dependency order (each reads tables the ones before it write)."""
-    from pipelines import etl
+    from pipelines import attribution, etl
+    from pipelines.rules import rule_stages
 
-    return [(etl.QUERY_NAME, etl.start)]
+    return [(etl.QUERY_NAME, etl.start), *attribution.STAGES, *rule_stages()]
 
 
 def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(),
@@ -154,14 +156,21 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     A clean stop lets the running micro-batch finish its commits; a kill at any point is also
     safe (exactly-once), it only replays the interrupted batch on restart.
     """
+    from pipelines.rules import RuleManager
+
     lake.home.create()
     stop = stop or threading.Event()
     trigger = processing_time(settings.trigger_interval)
     started = time.monotonic()
     running = [start(spark, lake, settings, trigger) for _, start in stages()]
-    last_report = time.monotonic()
+    rules = RuleManager()
+    last_report = last_sync = time.monotonic()
     with _stop_on_signals(stop):
         while not stop.wait(1.0):
+            if time.monotonic() - last_sync >= RULE_SYNC_SECONDS:
+                # Deploy = add or edit a rule file: only that rule's query (re)starts.
+                rules.sync(spark, lake, settings, trigger, running)
+                last_sync = time.monotonic()
             failed = [r for r in running if not r.query.isActive and r.query.exception() is not None]
             for r in failed:
                 log.error("query %s failed: %s", r.name, str(r.query.exception()).splitlines()[0])

@@ -46,6 +46,17 @@ def _specs() -> dict[str, TableSpec]:
         TableSpec(name, "silver", _DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
         for name, schema in schemas.SILVER_SCHEMAS.items()
     ]
+    specs.append(TableSpec("dhcp_leases", "silver", "non-overlapping DHCP lease segments: which MAC held an IP when",
+                           schemas.LEASE_SCHEMA, ("event_date",)))
+    specs += [
+        TableSpec(name, "enriched", f"{name.removeprefix('enriched_')} events attributed to the device holding the IP "
+                  "at event time (lease + inventory)", schema, ("event_date",))
+        for name, schema in schemas.ENRICHED_SCHEMAS.items()
+    ]
+    specs.append(TableSpec("late_events", "enriched", "per batch: events that arrived after the join watermark",
+                           schemas.LATE_EVENTS_SCHEMA))
+    specs.append(TableSpec("alerts", "gold", "one row per detection: rule, entity, window, evidence; stable alert_id",
+                           schemas.ALERTS_SCHEMA, ("event_date",)))
     return {spec.name: spec for spec in specs}
 
 
