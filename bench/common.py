@@ -1,0 +1,220 @@
+"""Helpers shared by the benchmarks: input generation, homes, timing, process CPU, tables.
+
+Not a benchmark itself. Every benchmark measures both sides of a ratio in the same run,
+interleaved (the order alternates between repetitions), and reports medians: the
+development machine has 2 cores shared with other Spark jobs, so single timings are noise.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+VENV_BIN = REPO / ".venv" / "bin"
+SECLAKE = str(VENV_BIN / "seclake") if (VENV_BIN / "seclake").exists() else "seclake"
+PYTHON = sys.executable
+# A weekday noon: the generator's diurnal curve is at its peak, so few hosts give many events.
+BUSY_START = "2026-11-20T12:00:00Z"
+
+# Which (sensor, kind) counts of the generator's manifest feed each silver table.
+SILVER_FEEDS: dict[str, list[tuple[str, str]]] = {
+    "silver_dns": [("zeek", "dns"), ("suricata", "dns")],
+    "silver_dhcp": [("zeek", "dhcp"), ("suricata", "dhcp")],
+    "silver_conn": [("zeek", "conn"), ("suricata", "flow")],
+    "silver_ids_alerts": [("suricata", "alert")],
+}
+
+
+def work_dir(name: str, given: str | None = None) -> Path:
+    """`given`, else a fresh folder under $TMPDIR named after the benchmark (emptied first)."""
+    path = Path(given) if given else Path(tempfile.gettempdir()) / f"seclake-bench-{name}"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def generate(out: Path, **kwargs) -> dict:
+    """Run the sample-data generator into `out` (quietly) and return its manifest."""
+    from sample_data.generator import generate as gen
+
+    kwargs.setdefault("start", BUSY_START)
+    return gen(out, overwrite=True, **kwargs)
+
+
+def expected_silver(manifest: dict) -> dict[str, int]:
+    """Rows each silver table must hold for a generator output (distinct events per feed)."""
+    return {table: sum(manifest["events"][s][k] for s, k in feeds) for table, feeds in SILVER_FEEDS.items()}
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """Copy a folder by hard links (instant, no extra disk), falling back to copies."""
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dest, copy_function=link)
+
+
+def deliver(src: Path, dest_dir: Path) -> Path:
+    """Place `src` into `dest_dir` atomically, as sensors do: write `.<name>.tmp`, then rename."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dest_dir / f".{src.name}.tmp"
+    shutil.copyfile(src, tmp)
+    final = dest_dir / src.name
+    os.replace(tmp, final)
+    return final
+
+
+def table_rows(path: Path) -> int | None:
+    """Rows of the Delta table at `path` from the log's file stats (no Spark); None if no table."""
+    from deltalake import DeltaTable
+
+    if not (path / "_delta_log").is_dir():
+        return None
+    actions = DeltaTable(str(path)).get_add_actions(flatten=True)
+    return int(sum(actions.column("num_records").to_pylist() or [0]))
+
+
+def median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); NaN for no values."""
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    rank = max(1, min(len(values), math.ceil(p / 100 * len(values))))
+    return values[rank - 1]
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def interleaved(reps: int, sides: dict[str, Callable[[int], float]], log=print) -> dict[str, list[float]]:
+    """Run each side once per repetition, alternating the order (ABAB.. then BABA..); return the times."""
+    names = list(sides)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            seconds = sides[name](rep)
+            times[name].append(seconds)
+            log(f"  rep {rep + 1}/{reps} {name}: {seconds:.2f} s")
+    return times
+
+
+def spark_session():
+    """The seclake SparkSession (same settings as the product), without the UI."""
+    from pipelines.spark import get_spark
+
+    return get_spark(app_name="seclake-bench", ui=False)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> str:
+    """Print (and return) a plain fixed-width table."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h)) for i, h in enumerate(headers)]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    for row in cells:
+        lines.append("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths)))
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _numeric(cell: str) -> bool:
+    return cell.replace(",", "").replace(".", "").replace("x", "").replace("-", "").replace("%", "").isdigit()
+
+
+def save_results(name: str, results: dict) -> Path:
+    """Write the results as JSON beside the benchmark output (`bench/results/<name>.json`)."""
+    folder = REPO / "bench" / "results"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.json"
+    results = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "cpus": os.cpu_count(), "load_avg": os.getloadavg(), **results}
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return path
+
+
+# ---- CPU time of a process tree (Linux /proc) ---------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                out += [int(p) for p in handle.read().split()]
+        return out
+    except OSError:
+        return []
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and all its live descendants, plus
+    the descendants they already reaped. Good for deltas while a process tree runs."""
+    total = 0.0
+    stack = [pid]
+    seen = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[11:15] = utime, stime, cutime, cstime (fields 14-17 of proc(5))
+        total += sum(int(x) for x in fields[11:15]) / _TICK
+        stack += _children(p)
+    return total
+
+
+def tree_pids(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack += _children(p)
+    return out
