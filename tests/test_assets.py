@@ -360,8 +360,9 @@ def _etl_like(quarantined: int, good: int = 20):
     def conn(spark):
         schema = Lake.spec("silver_conn").schema
         row = dict({f.name: None for f in schema.fields}, event_id="e1", event_time=_ts("2026-11-20 00:00:01"),
-                   event_date=_ts("2026-11-20").date(), source="zeek", proto="tcp")
-        return spark.createDataFrame([row], schema)
+                   event_date=_ts("2026-11-20").date(), source="zeek", proto="tcp", src_ip="10.1.1.1")
+        bad = dict(row, event_id="e2", src_ip="999.1.1.1")  # fails the (non-blocking) expectations check
+        return spark.createDataFrame([row, bad], schema)
 
     return {"bronze_zeek": bronze, "quarantine": quarantine, "silver_conn": conn}
 
@@ -387,6 +388,10 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     done = materializations(result)
     assert "silver/conn" in done and "silver/dns" not in done  # the downstream stage never ran
     assert not result.success
+    expectations = checks["silver/conn:expectations"]
+    assert not expectations.passed
+    assert "expect_column_values_to_match_regex(src_ip)" in expectations.description
+    assert expectations.metadata["failed_expectations"].value[0]["examples"] == ["999.1.1.1"]
 
     # under the threshold (configurable) the downstream stage runs
     defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home2"))
@@ -394,7 +399,8 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     ok = defs.resolve_job_def("run_once_job").execute_in_process(
         run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=False)
     assert check_results(ok)["silver/conn:quarantine_ratio"].passed
-    assert "silver/dns" in materializations(ok)
+    assert not check_results(ok)["silver/conn:expectations"].passed  # non-blocking: does not stop anything
+    assert "silver/dns" in materializations(ok) and ok.success
 
 
 def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_path):
