@@ -1,8 +1,10 @@
 """Latency of an analyst's top-10 query: `seclake sql`'s path vs plain `spark.read.parquet` on the same files.
 
 Ours opens the Delta snapshot with delta-rs, registers a view over exactly its files and runs the
-SQL; plain lists the table folder and runs the same SQL. Median of --runs runs each (after one
-warm-up each, alternating the two), one Spark session, same machine, same files.
+SQL; plain lists the table folder and runs the same SQL. A third line runs ours with Spark's
+parallel file listing off: given more than 32 paths (spark.sql.sources.parallelPartitionDiscovery
+.threshold) Spark stats them in a Spark job, which costs more than the query on a small table.
+Median of --runs runs each (after one warm-up each, interleaved), one Spark session, same files.
 
     .venv/bin/python bench/query_latency.py                  # synthesises ~300k DNS rows in 30 commits
     .venv/bin/python bench/query_latency.py --home DIR       # uses DIR's silver_dns when it exists
@@ -85,11 +87,22 @@ def main(argv: list[str] | None = None) -> int:
         spark.read.parquet(path).createOrReplaceTempView("plain_dns")
         return spark.sql(QUERY.format(table="plain_dns")).collect()
 
-    assert sorted(ours()) == sorted(plain()), "the two paths read different rows"  # also the warm-up
-    times: dict[str, list[float]] = {"ours": [], "plain": []}
+    threshold = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+    default_threshold = spark.conf.get(threshold)
+
+    def ours_driver_listing():
+        spark.conf.set(threshold, "100000")
+        try:
+            return ours()
+        finally:
+            spark.conf.set(threshold, default_threshold)
+
+    variants = {"ours": ours, "plain": plain, "driver": ours_driver_listing}
+    assert sorted(ours()) == sorted(plain()) == sorted(ours_driver_listing()), "the paths read different rows"
+    times: dict[str, list[float]] = {key: [] for key in variants}
     for _ in range(args.runs):
-        times["ours"].append(timed(ours))
-        times["plain"].append(timed(plain))
+        for key, run in variants.items():
+            times[key].append(timed(run))
     opens = [timed(lambda: open_table(path).file_uris()) for _ in range(args.runs)]
 
     rows = spark.read.parquet(path).count()
@@ -97,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.runs} runs after one warm-up each")
     print(f"query: {QUERY.format(table='silver_dns')}")
     print(f"{'path':<44} {'median s':>9} {'min s':>7} {'max s':>7}")
-    labels = {"ours": "seclake sql (delta-rs snapshot + view)", "plain": "spark.read.parquet(folder) + view"}
+    labels = {"ours": "seclake sql (delta-rs snapshot + view)", "plain": "spark.read.parquet(folder) + view",
+              "driver": "seclake sql, file listing on the driver"}
     for key, label in labels.items():
         t = times[key]
         print(f"{label:<44} {statistics.median(t):>9.3f} {min(t):>7.3f} {max(t):>7.3f}")
     print(f"{'  of which delta-rs open + file list':<44} {statistics.median(opens):>9.3f}")
-    print(f"ratio ours / plain (medians): {statistics.median(times['ours']) / statistics.median(times['plain']):.2f}")
+    plain_median = statistics.median(times["plain"])
+    print(f"ratio ours / plain (medians): {statistics.median(times['ours']) / plain_median:.2f}; "
+          f"with driver-side listing: {statistics.median(times['driver']) / plain_median:.2f}")
     spark.catalog.dropTempView("plain_dns")
     scratch.cleanup()
     return 0

@@ -262,6 +262,13 @@ def test_rule_sql_with_a_metadata_header_runs_unchanged(capsys, home, db):
     assert code == 0 and err == "" and len(out.splitlines()) == 51
 
 
+def test_explain_and_describe_find_their_tables(db):
+    plan = db.sql("EXPLAIN FORMATTED SELECT count(*) FROM silver_dns@v1").first()[0]
+    assert "Scan parquet" in plan
+    columns = [r.col_name for r in db.sql("DESCRIBE silver_dns").collect()]
+    assert columns[:len(SILVER_SCHEMAS["silver_dns"])] == SILVER_SCHEMAS["silver_dns"].fieldNames()
+
+
 def test_shell_runs_multi_line_statements_and_survives_errors(db):
     lines = iter([
         ".tables",
