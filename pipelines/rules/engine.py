@@ -76,17 +76,19 @@ class AlertWriter:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
+        fresh = None
         try:
             fresh = unseen(alerts, self.alerts_path, self.rule).persist()
             total, new = alerts.count(), fresh.count()
             result = self.sink.write_batch(fresh, batch_id)
-            fresh.unpersist()
         except Exception as exc:
             # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
             self.error = f"batch {batch_id}: {_first_line(exc)}"
             raise
         finally:
-            alerts.unpersist()
+            for frame in (fresh, alerts):
+                if frame is not None:
+                    frame.unpersist()
         stats = RuleBatch(batch_id, already_known=total - new, skipped=result.skipped)
         if result.version is not None:
             stats.rows[ALERTS_TABLE] = result.rows

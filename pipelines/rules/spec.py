@@ -114,7 +114,9 @@ class Rule:
 
 
 def query_name(slug: str) -> str:
-    """>>> query_name("dga_nxdomain_burst")
+    """The streaming query name of the rule file `slug`.
+
+    >>> query_name("dga_nxdomain_burst")
     'rule:dga_nxdomain_burst'
     """
     return f"rule:{slug}"

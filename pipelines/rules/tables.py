@@ -6,23 +6,18 @@ from pathlib import Path
 from pyspark.sql.types import StructType
 
 from pipelines.lake.registry import Lake
-from pipelines.schemas import ENRICHED_SCHEMAS, LEASE_SCHEMA
 
 ALERTS_TABLE = "alerts"
-LEASES_TABLE = "dhcp_leases"
 
 
 def readable_tables() -> dict[str, StructType]:
-    """Every table a rule may read, name -> schema: the registry's tables plus the attribution
-    tables (dhcp_leases, enriched_*), except `alerts` (rules read events, not alerts).
+    """Every table a rule may read, name -> schema: the registry's tables except `alerts`
+    (rules read events, not alerts).
 
     >>> "enriched_dns" in readable_tables() and "alerts" not in readable_tables()
     True
     """
-    tables = {**ENRICHED_SCHEMAS, LEASES_TABLE: LEASE_SCHEMA}
-    tables.update({name: Lake.spec(name).schema for name in Lake.names()})
-    tables.pop(ALERTS_TABLE, None)
-    return tables
+    return {name: Lake.spec(name).schema for name in Lake.names() if name != ALERTS_TABLE}
 
 
 def table_schema(name: str) -> StructType:
