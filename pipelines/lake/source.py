@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,7 +445,8 @@ def _positive_int(options: dict[str, str], name: str) -> int | None:
     return number
 
 
-_registered: "weakref.WeakSet[SparkSession]" = weakref.WeakSet()
+# Python data sources are registered per SparkContext (shared by spark.newSession() sessions).
+_registered: set[int] = set()
 
 
 def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_version: int | str | None = None,
@@ -473,7 +473,8 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     # Validate here so a bad option or a missing table is a plain ValueError in the caller,
     # not an AnalysisException from a Spark worker; the schema then goes to Spark as given.
     schema = DeltaStreamSource(CaseInsensitiveDict(options)).schema()
-    if spark not in _registered:
+    context = id(spark.sparkContext._jsc)
+    if context not in _registered:
         spark.dataSource.register(DeltaStreamSource)
-        _registered.add(spark)
+        _registered.add(context)
     return spark.readStream.format(SOURCE_NAME).options(**options).schema(schema).load()
