@@ -509,10 +509,13 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     """
     dhcp = read_stream(spark, lake.path("silver_dhcp"), max_files=settings.max_files_per_trigger)
     writer = AttributionWriter(spark, lake, LEASES)
-    if not lake.exists(LEASES):
-        # The enriched queries stream from dhcp_leases, so it must exist before its first segment
-        # does. Batch id -1 marks "nothing committed yet": batch 0 still commits.
-        writer.sink.write_batch(spark.createDataFrame([], LEASE_SCHEMA), -1)
+    # The enriched queries stream from dhcp_leases and all four queries write late_events: create
+    # both before any of them runs (no stream over a missing table, no two writers racing to
+    # create one). Batch id -1 marks "nothing committed yet": batch 0 still commits.
+    created = ((LEASES, writer.sink, LEASE_SCHEMA), (LATE_EVENTS, writer.late_sink, LATE_EVENTS_SCHEMA))
+    for table, sink, schema in created:
+        if not lake.exists(table):
+            sink.write_batch(spark.createDataFrame([], schema), -1)
     return _run(LEASES, lease_segments(dhcp, settings), writer, lake, trigger)
 
 
