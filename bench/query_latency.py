@@ -1,40 +1,41 @@
 """Latency of an analyst's top-10 query: `seclake sql`'s path vs plain `spark.read.parquet` on the same files.
 
-Ours opens the Delta snapshot with delta-rs, registers a view over exactly its files and runs the
-SQL; plain lists the table folder and runs the same SQL. A third line runs ours with Spark's
-parallel file listing off: given more than 32 paths (spark.sql.sources.parallelPartitionDiscovery
-.threshold) Spark stats them in a Spark job, which costs more than the query on a small table.
-Median of --runs runs each (after one warm-up each, interleaved), one Spark session, same files.
+Side by side in one SparkSession, interleaved, medians (after one warm-up run of each):
 
-    .venv/bin/python bench/query_latency.py                  # synthesises ~300k DNS rows in 30 commits
-    .venv/bin/python bench/query_latency.py --home DIR       # uses DIR's silver_dns when it exists
+- **ours**: `connect(home).sql(...)`: delta-rs opens the snapshot, a view over exactly its
+  files is registered, Spark runs the SQL (what `seclake sql` does per statement);
+- **plain**: `spark.read.parquet(<table folder>)` as a view, the same SQL (no snapshot: it
+  would also read files of a batch still being committed);
+- **ours, driver listing**: ours with `spark.sql.sources.parallelPartitionDiscovery.threshold`
+  raised. Given more than 32 paths Spark stats them in a Spark job; a snapshot hands it one
+  path per file, so on a small table that job costs more than the query.
+
+    .venv/bin/python bench/query_latency.py                # synthesises ~300k DNS rows in 30 commits
+    .venv/bin/python bench/query_latency.py --home DIR     # DIR's silver_dns when it exists
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-from pipelines.home import Home  # noqa: E402
-from pipelines.lake.read import open_table  # noqa: E402
-from pipelines.lake.registry import Lake  # noqa: E402
-from pipelines.schemas import SILVER_SCHEMAS  # noqa: E402
-from pipelines.spark import get_spark  # noqa: E402
-from pipelines.sql import connect  # noqa: E402
+import common  # noqa: E402
 
 QUERY = "SELECT query, count(*) c FROM {table} GROUP BY query ORDER BY c DESC LIMIT 10"
+THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 
-def synthesise(spark: SparkSession, home: Home, rows: int, commits: int) -> None:
-    """`rows` silver_dns rows in `commits` micro-batch commits; names skewed like real DNS (few popular)."""
+def synthesise(spark, home, rows: int, commits: int) -> None:
+    """`rows` silver_dns rows in `commits` micro-batch commits through the sink; names skewed like
+    real DNS (a few very popular, a long tail)."""
+    from pyspark.sql import functions as F
+
+    from pipelines.lake.registry import Lake
+    from pipelines.schemas import SILVER_SCHEMAS
+
     sink = Lake(home).sink("silver_dns")
     per = rows // commits
     schema = SILVER_SCHEMAS["silver_dns"]
@@ -56,29 +57,27 @@ def synthesise(spark: SparkSession, home: Home, rows: int, commits: int) -> None
     sink.close()
 
 
-def timed(action) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", help="a seclake home whose silver_dns to query (default: synthesise one)")
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--commits", type=int, default=30)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
 
-    spark = get_spark(app_name="seclake-bench-sql", ui=False)
-    scratch = tempfile.TemporaryDirectory(prefix="seclake-bench-")
-    home = Home.resolve(args.home) if args.home else Home.resolve(scratch.name).create()
+    from pipelines.home import Home
+    from pipelines.lake.read import open_table
+    from pipelines.lake.registry import Lake
+    from pipelines.sql import connect
+
+    spark = common.spark_session()
+    home = Home.resolve(args.home) if args.home else Home.resolve(common.work_dir("query_latency")).create()
     if not Lake(home).exists("silver_dns"):
-        print(f"synthesising silver_dns: {args.rows} rows in {args.commits} commits under {home.root}", file=sys.stderr)
+        print(f"synthesising silver_dns: {args.rows} rows in {args.commits} commits under {home.root}", flush=True)
         synthesise(spark, home, args.rows, args.commits)
     db = connect(home.root, spark=spark)
     path = str(Lake(home).path("silver_dns"))
-    snapshot = open_table(path)
+    default_threshold = spark.conf.get(THRESHOLD)
 
     def ours():
         return db.sql(QUERY.format(table="silver_dns")).collect()
@@ -87,42 +86,39 @@ def main(argv: list[str] | None = None) -> int:
         spark.read.parquet(path).createOrReplaceTempView("plain_dns")
         return spark.sql(QUERY.format(table="plain_dns")).collect()
 
-    threshold = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-    default_threshold = spark.conf.get(threshold)
-
     def ours_driver_listing():
-        spark.conf.set(threshold, "100000")
+        spark.conf.set(THRESHOLD, "100000")
         try:
             return ours()
         finally:
-            spark.conf.set(threshold, default_threshold)
+            spark.conf.set(THRESHOLD, default_threshold)
 
-    variants = {"ours": ours, "plain": plain, "driver": ours_driver_listing}
-    assert sorted(ours()) == sorted(plain()) == sorted(ours_driver_listing()), "the paths read different rows"
-    times: dict[str, list[float]] = {key: [] for key in variants}
-    for _ in range(args.runs):
-        for key, run in variants.items():
-            times[key].append(timed(run))
-    opens = [timed(lambda: open_table(path).file_uris()) for _ in range(args.runs)]
+    sides = {"ours": ours, "plain": plain, "ours, driver listing": ours_driver_listing}
+    # Also the warm-up: each side once, and all three must return the same top 10.
+    answers = [sorted(run()) for run in sides.values()]
+    assert all(a == answers[0] for a in answers), "the paths read different rows"
+    times = common.interleaved(args.reps, {name: (lambda rep, run=run: common.timed(run)[0])
+                                           for name, run in sides.items()})
+    opens = [common.timed(lambda: open_table(path).file_uris())[0] for _ in range(args.reps)]
 
-    rows = spark.read.parquet(path).count()
-    print(f"silver_dns: {rows} rows, {len(snapshot.file_uris())} files, version {snapshot.version()}; "
-          f"median of {args.runs} runs after one warm-up each")
-    print(f"query: {QUERY.format(table='silver_dns')}")
-    print(f"{'path':<44} {'median s':>9} {'min s':>7} {'max s':>7}")
-    labels = {"ours": "seclake sql (delta-rs snapshot + view)", "plain": "spark.read.parquet(folder) + view",
-              "driver": "seclake sql, file listing on the driver"}
-    for key, label in labels.items():
-        t = times[key]
-        print(f"{label:<44} {statistics.median(t):>9.3f} {min(t):>7.3f} {max(t):>7.3f}")
-    print(f"{'  of which delta-rs open + file list':<44} {statistics.median(opens):>9.3f}")
-    plain_median = statistics.median(times["plain"])
-    print(f"ratio ours / plain (medians): {statistics.median(times['ours']) / plain_median:.2f}; "
-          f"with driver-side listing: {statistics.median(times['driver']) / plain_median:.2f}")
+    snapshot = open_table(path)
+    rows = common.table_rows(Path(path))
+    plain_median = common.median(times["plain"])
+    print(f"silver_dns: {rows:,} rows, {len(snapshot.file_uris())} files, version {snapshot.version()}; "
+          f"{QUERY.format(table='silver_dns')}")
+    table = [[name, common.median(t), min(t), max(t), f"{common.median(t) / plain_median:.2f}x"]
+             for name, t in times.items()]
+    table.append(["  (delta-rs open + file list)", common.median(opens), min(opens), max(opens), ""])
+    common.print_table(["path", "median s", "min s", "max s", "vs plain"], table,
+                       title=f"top-10 query latency, {args.reps} interleaved runs after a warm-up")
+    common.save_results("query_latency", {"args": vars(args), "rows": rows, "files": len(snapshot.file_uris()),
+                                          "seconds": times, "open_seconds": opens})
     spark.catalog.dropTempView("plain_dns")
-    scratch.cleanup()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    started = time.monotonic()
+    code = main()
+    print(f"({time.monotonic() - started:.0f} s)")
+    sys.exit(code)
