@@ -476,7 +476,7 @@ def _write_frame(db: Database, df: DataFrame, fmt: str, limit: int, out: TextIO,
         right = [isinstance(f.dataType, NumericType) for f in df.schema.fields]
         _write_rows(out, fmt, names, rows, right, truncated)
     if truncated and fmt != "table":
-        err.write(f"(showing first {limit} rows)\n")
+        err.write(_rows_note(limit, truncated))
 
 
 def _write_pandas(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
@@ -507,8 +507,12 @@ def _write_rows(out: TextIO, fmt: str, header: list[str], rows: list[list[str | 
         writer.writerows([["" if v is None else v for v in row] for row in rows])
         return
     out.write(_table_text(header, rows, right))
-    shown = len(rows)
-    out.write(f"(showing first {shown} rows)\n" if truncated else f"({shown} row{'' if shown == 1 else 's'})\n")
+    out.write(_rows_note(len(rows), truncated))
+
+
+def _rows_note(count: int, truncated: bool) -> str:
+    rows = f"{count} row{'' if count == 1 else 's'}"
+    return f"(showing first {rows})\n" if truncated else f"({rows})\n"
 
 
 def _table_text(header: list[str], rows: list[list[str | None]], right: list[bool]) -> str:
