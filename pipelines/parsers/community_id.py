@@ -30,36 +30,48 @@ def _ipv4_hex(ip: str) -> str:
     return f"CASE WHEN {ip} RLIKE '^[0-9]{{1,3}}(\\\\.[0-9]{{1,3}}){{3}}$' AND {in_range} THEN concat({hexed}) END"
 
 
-def add_ip_hex(q: Query, ip: str, out: str) -> Query:
-    """Add column `out`: the IPv4/IPv6 address in column `ip` as upper-case hex of its network-order bytes.
+def add_ip_hex(q: Query, **addresses: str) -> Query:
+    """For each `out=ip` pair add column `out`: the IPv4/IPv6 address in column `ip` as upper-case hex of
+    its network-order bytes; NULL when the address does not parse. Leaves `_<out>_*` helper columns.
 
-    NULL when the address does not parse.
-
-    >>> add_ip_hex(Query(["ip"]), "ip", "h").build(spark.createDataFrame([("fe80::1",)], "ip string")).first().h
+    >>> add_ip_hex(Query(["ip"]), h="ip").build(spark.createDataFrame([("fe80::1",)], "ip string")).first().h
     'FE800000000000000000000000000001'
     """
-    a, tail, full = f"_{out}_a", f"_{out}_tail", f"_{out}_full"
+    a, tail, full = {o: f"_{o}_a" for o in addresses}, {o: f"_{o}_tail" for o in addresses}, {o: f"_{o}_full" for o in addresses}
     # IPv6 only: drop a zone id ('fe80::1%eth0'), then turn a dotted-quad tail
     # ('::ffff:10.0.0.1') into two hex groups.
-    q.stage("*", **{a: f"CASE WHEN instr(`{ip}`, ':') > 0 THEN lower(substring_index(`{ip}`, '%', 1)) END"})
-    q.stage("*", **{tail: f"substring_index({a}, ':', -1)"})
-    v4_tail = f"lower({_ipv4_hex(tail)})"
-    q.stage("*", **{a: f"CASE WHEN instr({tail}, '.') > 0 THEN concat(left({a}, length({a}) - length({tail})), "
-                              f"substr({v4_tail}, 1, 4), ':', substr({v4_tail}, 5, 4)) ELSE {a} END"})
-    # Expand '::' into the zero groups it stands for: head '::' rest -> head:0:...:0:rest.
-    head, rest = f"substring_index({a}, '::', 1)", f"substring_index({a}, '::', -1)"
-    groups = f"(CASE WHEN {head} = '' THEN 0 ELSE size(split({head}, ':')) END + " \
-             f"CASE WHEN {rest} = '' THEN 0 ELSE size(split({rest}, ':')) END)"
-    zeros = f"substr(repeat('0:', 8 - {groups}), 1, 2 * (8 - {groups}) - 1)"
-    expanded = (f"CASE WHEN size(split({a}, '::')) = 1 THEN {a} "
-                f"WHEN size(split({a}, '::', -1)) = 2 AND {groups} < 8 "
+    v6_text = {o: f"CASE WHEN instr(`{ip}`, ':') > 0 THEN lower(substring_index(`{ip}`, '%', 1)) END"
+               for o, ip in addresses.items()}
+    q.stage("*", **{a[o]: v6_text[o] for o in addresses}, **{tail[o]: f"substring_index({v6_text[o]}, ':', -1)"
+                                                            for o in addresses})
+
+    def with_v4_tail(o: str) -> str:
+        hexed = f"lower({_ipv4_hex(tail[o])})"
+        return (f"CASE WHEN instr({tail[o]}, '.') > 0 THEN concat(left({a[o]}, length({a[o]}) - length({tail[o]})), "
+                f"substr({hexed}, 1, 4), ':', substr({hexed}, 5, 4)) ELSE {a[o]} END")
+
+    q.stage("*", **{a[o]: with_v4_tail(o) for o in addresses})
+
+    def expanded(o: str) -> str:
+        # '::' stands for the zero groups missing: head '::' rest -> head:0:...:0:rest.
+        head, rest = f"substring_index({a[o]}, '::', 1)", f"substring_index({a[o]}, '::', -1)"
+        groups = (f"(CASE WHEN {head} = '' THEN 0 ELSE size(split({head}, ':')) END + "
+                  f"CASE WHEN {rest} = '' THEN 0 ELSE size(split({rest}, ':')) END)")
+        zeros = f"substr(repeat('0:', 8 - {groups}), 1, 2 * (8 - {groups}) - 1)"
+        return (f"CASE WHEN size(split({a[o]}, '::')) = 1 THEN {a[o]} "
+                f"WHEN size(split({a[o]}, '::', -1)) = 2 AND {groups} < 8 "
                 f"THEN concat_ws(':', nullif({head}, ''), {zeros}, nullif({rest}, '')) END")
-    q.stage("*", **{full: expanded})
-    # Left-pad every group to 4 hex digits: prefix '000', keep each group's last 4 digits.
-    padded = f"regexp_replace(concat(':000', replace({full}, ':', ':000')), ':[0-9a-f]*?([0-9a-f]{{4}})(?=:|$)', '$1')"
-    v6 = f"CASE WHEN {full} RLIKE '^([0-9a-f]{{1,4}}:){{7}}[0-9a-f]{{1,4}}$' THEN upper({padded}) END"
-    q.stage("*", **{out: f"CASE WHEN instr(`{ip}`, ':') > 0 THEN {v6} ELSE {_ipv4_hex(f'`{ip}`')} END"})
-    return q.stage([c for c in q.columns if c not in (a, tail, full)])
+
+    q.stage("*", **{full[o]: expanded(o) for o in addresses})
+
+    def hexed(o: str, ip: str) -> str:
+        # Left-pad every group to 4 hex digits: prefix '000', keep each group's last 4 digits.
+        padded = (f"regexp_replace(concat(':000', replace({full[o]}, ':', ':000')), "
+                  f"':[0-9a-f]*?([0-9a-f]{{4}})(?=:|$)', '$1')")
+        v6 = f"CASE WHEN {full[o]} RLIKE '^([0-9a-f]{{1,4}}:){{7}}[0-9a-f]{{1,4}}$' THEN upper({padded}) END"
+        return f"CASE WHEN instr(`{ip}`, ':') > 0 THEN {v6} ELSE {_ipv4_hex(f'`{ip}`')} END"
+
+    return q.stage("*", **{o: hexed(o, ip) for o, ip in addresses.items()})
 
 
 def _counterpart(icmp_type: str, table: dict[int, int]) -> str:
@@ -77,7 +89,8 @@ def with_community_id(df: DataFrame, out: str, src_ip: str, dst_ip: str, src_por
     >>> with_community_id(df, "cid", "s", "d", "sp", "dp", "p").first().cid
     '1:LQU9qZlK+B5F3KDmev6m5PMibrg='
     """
-    return add_community_id(Query(df.columns), out, src_ip, dst_ip, src_port, dst_port, proto).build(df)
+    q = add_community_id(Query(df.columns), out, src_ip, dst_ip, src_port, dst_port, proto)
+    return q.stage([*df.columns, out]).build(df)
 
 
 def add_community_id(q: Query, out: str, src_ip: str, dst_ip: str, src_port: str, dst_port: str,
@@ -89,12 +102,12 @@ def add_community_id(q: Query, out: str, src_ip: str, dst_ip: str, src_port: str
     protocols). For ICMP the ports hold the type (`src_port`) and the code or Zeek's
     counterpart type (`dst_port`), as Zeek and Suricata log them. `src_hex`/`dst_hex` name
     columns already holding `add_ip_hex` of the addresses, to avoid computing them twice.
+    Leaves `_<out>_*` helper columns.
     """
     s, d, sp, dp, num, one_way, ordered = (f"_{out}_{n}" for n in ("s", "d", "sp", "dp", "num", "oneway", "ord"))
-    if src_hex is None:
-        q, src_hex = add_ip_hex(q, src_ip, s), s
-    if dst_hex is None:
-        q, dst_hex = add_ip_hex(q, dst_ip, d), d
+    if src_hex is None or dst_hex is None:
+        add_ip_hex(q, **{s: src_ip, d: dst_ip})
+        src_hex, dst_hex = s, d
     p, sh, dh = f"`{proto}`", f"`{src_hex}`", f"`{dst_hex}`"
     v6 = f"length({sh}) = 32"
     has_ports = f"{p} IN ('tcp', 'udp', 'sctp', 'icmp')"
@@ -116,5 +129,4 @@ def add_community_id(q: Query, out: str, src_ip: str, dst_ip: str, src_port: str
     # concat() is NULL when any part is NULL, so a bad address or a missing port gives NULL.
     data = f"concat('0000', {addrs}, lpad(hex({num}), 2, '0'), '00', {ports})"
     valid = f"length({sh}) = length({dh}) AND {num} BETWEEN 0 AND 255"
-    q.stage("*", **{out: f"CASE WHEN {valid} THEN concat('1:', base64(unhex(sha1(unhex({data}))))) END"})
-    return q.stage([c for c in q.columns if c not in (s, d, sp, dp, num, one_way, ordered)])
+    return q.stage("*", **{out: f"CASE WHEN {valid} THEN concat('1:', base64(unhex(sha1(unhex({data}))))) END"})

@@ -59,7 +59,7 @@ def parse(lines: DataFrame, source: str) -> DataFrame:
     q = Query(lines.columns)
     (parse_zeek if source == "zeek" else parse_eve)(q)
     flow_kinds, src_label, dst_label = _FLOWS[source]
-    add_ip_hex(add_ip_hex(q, "src_ip", "_src_hex"), "dst_ip", "_dst_hex")
+    add_ip_hex(q, _src_hex="src_ip", _dst_hex="dst_ip")
     flow = "kind IN (" + ", ".join(lit(k) for k in flow_kinds) + ")"
     q.stage("*", error=first_error(
         ("error IS NOT NULL", "error"),
