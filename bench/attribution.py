@@ -20,27 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipelines import attribution, jobs  # noqa: E402
+from pipelines import attribution, etl, jobs  # noqa: E402
 from pipelines.home import Home  # noqa: E402
-from pipelines.lake import registry  # noqa: E402
-from pipelines.lake.registry import Lake, TableSpec  # noqa: E402
+from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.lake.sink import DeltaSink  # noqa: E402
 from pipelines.lake.source import read_stream  # noqa: E402
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA  # noqa: E402
+from pipelines.schemas import ENRICHED_SCHEMAS  # noqa: E402
 from pipelines.settings import Settings  # noqa: E402
 from pipelines.spark import get_spark  # noqa: E402
 from sample_data.generator import generate  # noqa: E402
-
-
-def register_tables() -> None:
-    """Until pipelines/lake/registry.py lists the attribution tables."""
-    if "dhcp_leases" in Lake.names():
-        return
-    registry.TABLES.update({
-        "dhcp_leases": TableSpec("dhcp_leases", "silver", "lease segments", LEASE_SCHEMA, ("event_date",)),
-        "late_events": TableSpec("late_events", "ops", "rows dropped by watermarks", LATE_EVENTS_SCHEMA),
-        **{n: TableSpec(n, "gold", n, s, ("event_date",)) for n, s in ENRICHED_SCHEMAS.items()},
-    })
 
 
 def run(spark, lake: Lake, settings: Settings, name: str, start) -> jobs.QueryReport:
@@ -116,7 +104,6 @@ def main() -> None:
     parser.add_argument("--home", help="keep the run here instead of a temporary folder")
     args = parser.parse_args()
 
-    register_tables()
     home = Home.resolve(args.home or tempfile.mkdtemp(prefix="seclake-bench-"))
     began = time.monotonic()
     generate(home.root, hours=args.hours, hosts=args.hosts, seed=args.seed, overwrite=True)
@@ -125,7 +112,7 @@ def main() -> None:
     spark = get_spark(ui=False)
     lake = Lake(home.create())
     settings = Settings().with_overrides({"max_lease_age": args.max_lease_age})
-    reports = [run(spark, lake, settings, "etl", jobs.stages()[0][1])]
+    reports = [run(spark, lake, settings, "etl", etl.start)]
     reports.append(run(spark, lake, settings, "bench_conn_copy", stateless_copy))
     reports += [run(spark, lake, settings, name, start) for name, start in attribution.STAGES]
 
@@ -140,13 +127,13 @@ def main() -> None:
         print(f"{rep.name:<22}{rep.rows_in:>10}{sum(rep.rows_out.values()):>10}{rep.duration_s:>8.1f}{rate:>9.0f}"
               f"{rep.state_rows:>12}{rep.state_bytes // 1024:>11}{checkpoint:>16}")
     by_name = {r.name: r for r in reports}
-    copy, join, etl = by_name["bench_conn_copy"], by_name["enriched_conn"], by_name["etl"]
+    copy, join, etl_report = by_name["bench_conn_copy"], by_name["enriched_conn"], by_name["etl"]
     print(f"\nenriched_conn join vs stateless copy of the same silver_conn: "
           f"{(join.rows_in / join.duration_s) / (copy.rows_in / copy.duration_s):.2f}x the rows/s")
     print(f"enriched_conn join vs stateless ETL: "
-          f"{(join.rows_in / join.duration_s) / (throughput(etl) / etl.duration_s):.2f}x the rows/s")
+          f"{(join.rows_in / join.duration_s) / (throughput(etl_report) / etl_report.duration_s):.2f}x the rows/s")
     print(f"dhcp_leases + 3 enriched queries vs ETL: "
-          f"{sum(by_name[n].duration_s for n, _ in attribution.STAGES) / etl.duration_s:.2f}x the ETL's time")
+          f"{sum(by_name[n].duration_s for n, _ in attribution.STAGES) / etl_report.duration_s:.2f}x the ETL's time")
 
     held = sum(lake.read(spark, t).count() for t in attribution.ENRICHED_INPUTS.values()) - \
         sum(lake.read(spark, t).count() for t in ENRICHED_SCHEMAS)

@@ -12,10 +12,9 @@ from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
 from pipelines.home import Home
 from pipelines.jobs import AVAILABLE_NOW, report
-from pipelines.lake import registry
-from pipelines.lake.registry import Lake, TableSpec
+from pipelines.lake.registry import Lake
 from pipelines.lake.schema import spark_to_arrow
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA, SILVER_SCHEMAS
+from pipelines.schemas import ENRICHED_SCHEMAS, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 UTC = dt.timezone.utc
@@ -28,19 +27,6 @@ MAC = {name: f"02:00:00:00:00:{i:02x}" for i, name in enumerate(
 
 def at(hh: int, mm: int = 0, day: int = 0) -> dt.datetime:
     return DAY + dt.timedelta(days=day, hours=hh, minutes=mm)
-
-
-@pytest.fixture(autouse=True)
-def attribution_tables(monkeypatch):
-    """Register the attribution tables for the test until pipelines/lake/registry.py lists them."""
-    if "dhcp_leases" in Lake.names():
-        return
-    specs = {
-        "dhcp_leases": TableSpec("dhcp_leases", "silver", "lease segments", LEASE_SCHEMA, ("event_date",)),
-        "late_events": TableSpec("late_events", "ops", "rows dropped by watermarks", LATE_EVENTS_SCHEMA),
-        **{name: TableSpec(name, "gold", name, schema, ("event_date",)) for name, schema in ENRICHED_SCHEMAS.items()},
-    }
-    monkeypatch.setattr(registry, "TABLES", {**registry.TABLES, **specs})
 
 
 # ---------------------------------------------------------------------------------------------
