@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import csv
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -536,5 +536,26 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
 
+class Stage(NamedTuple):
+    """One attribution query as `jobs.stages()` lists it: unpacks as (name, start), and tells the
+    Dagster layer the tables it writes and reads.
+
+    >>> name, start = STAGES[1]; (name, STAGES[1].reads)
+    ('enriched_conn', ('silver_conn', 'dhcp_leases'))
+    """
+
+    name: str
+    start: Callable[..., "RunningQuery"]
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return (self.name, LATE_EVENTS)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return ("silver_dhcp",) if self.name == LEASES else (ENRICHED_INPUTS[self.name], LEASES)
+
+
 # The stages jobs.py runs after the ETL, in dependency order.
-STAGES = [(LEASES, start_leases), *((table, partial(start_enriched, table=table)) for table in ENRICHED_INPUTS)]
+STAGES: list[Stage] = [Stage(LEASES, start_leases),
+                       *(Stage(table, partial(start_enriched, table=table)) for table in ENRICHED_INPUTS)]
