@@ -74,14 +74,22 @@ def load_ground_truth(path: str | os.PathLike) -> list[Incident]:
 
 def matches(alert: dict, incident: Incident) -> bool:
     """An alert belongs to an incident when its window overlaps the incident's time and it
-    names the incident's host (IP or MAC); an alert that names no host (e.g. DHCP
-    starvation: spoofed MACs from 0.0.0.0) matches by time alone."""
+    names the incident's host (IP or MAC). An alert that names no host (DHCP starvation:
+    spoofed MACs from 0.0.0.0) matches by time alone; `score` then keeps the one incident it
+    covers best."""
     if not (alert["window_start"] <= incident.end and incident.start < alert["window_end"]):
         return False
     if alert["src_ip"] is None and alert["mac"] is None:
         return True
     return (alert["src_ip"] is not None and alert["src_ip"] == incident.host_ip) or (
         alert["mac"] is not None and alert["mac"] == incident.mac)
+
+
+def _coverage(alert: dict, incident: Incident) -> float:
+    """Share of the incident's time inside the alert's window (1.0 for an instant inside it)."""
+    overlap = min(alert["window_end"], incident.end) - max(alert["window_start"], incident.start)
+    duration = (incident.end - incident.start).total_seconds()
+    return 1.0 if duration <= 0 else max(0.0, overlap.total_seconds()) / duration
 
 
 @dataclass
@@ -102,9 +110,11 @@ def score(alerts: list[dict], incidents: list[Incident]) -> Scores:
     hit: set[str] = set()
     true_alerts = 0
     for alert in alerts:
-        found = [i.id for i in incidents if matches(alert, i)]
+        found = [i for i in incidents if matches(alert, i)]
+        if found and alert["src_ip"] is None and alert["mac"] is None:
+            found = [max(found, key=lambda i: _coverage(alert, i))]
         true_alerts += bool(found)
-        hit.update(found)
+        hit.update(i.id for i in found)
     recall: dict[str, tuple[int, int]] = {}
     for inc in incidents:
         got, total = recall.get(inc.scenario, (0, 0))

@@ -164,9 +164,14 @@ NO_PUSHDOWN_RULES: tuple[str, ...] = (
 
 
 def rule_session(spark: SparkSession, *, streaming: bool = False) -> SparkSession:
-    """A child session for one rule: own temp views, shared SparkContext, files not readable by
-    SQL; a streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES)."""
-    session = spark.newSession()
+    """A session for one rule: its own temp views and settings, files not readable by SQL; a
+    streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES).
+
+    A clone of `spark`, not `spark.newSession()`: in Spark 4.x a new session neither sees the
+    Python data sources (seclake_delta) its parent registered nor may register them again,
+    while a clone inherits them.
+    """
+    session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
     session.conf.set("spark.sql.runSQLOnFiles", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
     if streaming:
@@ -214,6 +219,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         app_id = claim_checkpoint(checkpoint, rule)
         alerts_path = table_path(lake, ALERTS_TABLE)
         ensure_alerts_table(alerts_path, settings.checkpoint_interval)
+        # Registers the seclake_delta source on `spark` (once), for the rule's session to inherit.
+        read_stream(spark, table_path(lake, rule.tables[0]))
         session = rule_session(spark, streaming=True)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of

@@ -1,0 +1,86 @@
+"""Backtest scoring against ground truth, versions from git, and the `seclake rules` commands (no Spark)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import build_parser
+from pipelines.rules.backtest import Incident, load_ground_truth, parse_when, rule_at_revision, score
+
+RULES = Path(__file__).resolve().parents[1] / "rules"
+UTC = timezone.utc
+
+
+def at(hh_mm: str) -> datetime:
+    return datetime.fromisoformat(f"2026-11-20T{hh_mm}:00+00:00")
+
+
+def alert(start: str, end: str, src_ip: str | None = None, mac: str | None = None) -> dict:
+    return {"window_start": at(start), "window_end": at(end), "src_ip": src_ip, "mac": mac}
+
+
+INCIDENTS = [
+    Incident("w0-1-dga", "dga", "10.0.1.14", "f4:8e:38:02:83:59", at("13:40"), at("13:42")),
+    Incident("w0-2-port_scan", "port_scan", "10.0.1.20", "6c:4b:90:d7:4b:ba", at("18:33"), at("18:37")),
+    Incident("w0-3-dhcp_starvation", "dhcp_starvation", "10.0.2.16", "a4:34:d9:6c:1c:9a", at("20:39"), at("20:41")),
+    Incident("w0-4-roaming_laptop", "roaming_laptop", "10.0.2.11", "8c:16:45:ac:ff:36", at("00:00"), at("23:59")),
+]
+
+
+def test_alerts_match_incidents_by_host_and_time():
+    scores = score([
+        alert("13:40", "13:45", src_ip="10.0.1.14"),          # the DGA host, in time
+        alert("13:45", "13:50", mac="f4:8e:38:02:83:59"),      # by MAC, but after the incident: no
+        alert("18:30", "18:40", src_ip="10.0.9.9"),            # in time, another host: no
+    ], INCIDENTS)
+    assert (scores.alerts, scores.true_alerts) == (3, 1)
+    assert scores.recall["dga"] == (1, 1) and scores.recall["port_scan"] == (0, 1)
+    assert scores.precision == pytest.approx(1 / 3)
+
+
+def test_an_alert_without_a_host_counts_for_the_incident_it_covers_best():
+    scores = score([alert("20:40", "20:45")], INCIDENTS)
+    assert scores.true_alerts == 1
+    assert scores.recall["dhcp_starvation"] == (1, 1) and scores.recall["roaming_laptop"] == (0, 1)
+    assert score([], INCIDENTS).precision is None
+
+
+def test_ground_truth_file_and_time_arguments(tmp_path):
+    path = tmp_path / "ground_truth.jsonl"
+    path.write_text(json.dumps({"id": "w0-00-dga", "scenario": "dga", "host_ip": "10.0.1.14", "mac": "aa",
+                                "start": "2026-11-20T13:40:00.5Z", "end": "2026-11-20T13:41:00Z"}) + "\n\n")
+    [incident] = load_ground_truth(path)
+    assert incident.start == datetime(2026, 11, 20, 13, 40, 0, 500000, tzinfo=UTC)
+    path.write_text('{"scenario": "dga"}\n')
+    with pytest.raises(ValueError, match="ground_truth.jsonl:1: not a ground-truth record"):
+        load_ground_truth(path)
+    assert parse_when("2026-11-20") == datetime(2026, 11, 20, tzinfo=UTC)
+    assert parse_when("2026-11-20T08:00:00Z") == datetime(2026, 11, 20, 8, tzinfo=UTC)
+    with pytest.raises(ValueError, match="is not a date"):
+        parse_when("yesterday")
+
+
+def test_a_rule_version_from_git():
+    rule = rule_at_revision(RULES / "dns" / "dga_nxdomain_burst.sql", "HEAD")
+    assert rule.slug == "dga_nxdomain_burst" and rule.path is None
+    with pytest.raises(ValueError, match="at git revision 'no-such-rev'"):
+        rule_at_revision(RULES / "dns" / "dga_nxdomain_burst.sql", "no-such-rev")
+
+
+def run_cli(*argv: str) -> int:
+    args = build_parser().parse_args(list(argv))
+    return args.func(args)
+
+
+def test_rules_list_and_validate_commands(tmp_path, capsys):
+    assert run_cli("rules", "list", "--rules", str(RULES)) == 0
+    assert "dns_exfiltration" in capsys.readouterr().out
+    assert run_cli("rules", "validate", str(RULES)) == 0
+    (tmp_path / "bad.sql").write_text("/* id: x */ SELECT 1")
+    assert run_cli("rules", "validate", str(RULES / "dns" / "dns_tunneling.sql"), str(tmp_path / "bad.sql")) == 1
+    out = capsys.readouterr().out
+    assert "ok      " in out and "INVALID " in out and "bad.sql: unknown metadata field" not in out
+    assert "bad.sql: metadata field(s)" in out
