@@ -60,11 +60,14 @@ def _watch_for_termination(instance, run_id: str, stop: threading.Event, done: t
             return
 
 
-def _stop_active_queries(spark) -> None:
+def _stop_queries(spark, keep: set) -> None:
+    """Stop the active streaming queries except those in `keep` (ids of queries not ours)."""
     for query in spark.streams.active:
+        if query.id in keep:
+            continue
         try:
             query.stop()
-        except Exception:
+        except Exception:  # a query failing as it stops must not hide the original error
             pass
 
 
@@ -83,14 +86,15 @@ def stream_queries(context: OpExecutionContext, config: StreamConfig, spark: Spa
         _record_new_versions(context, report, versions, the_lake)
 
     started = time.monotonic()
+    already_running = {q.id for q in session.streams.active}
     try:
         # jobs.stream turns SIGINT/SIGTERM into `stop` once its queries are started.
         reports = pipeline_jobs.stream(session, the_lake, lake.stream_settings, stop=stop,
                                        on_report=on_report, report_every=config.report_every_s)
-    except (KeyboardInterrupt, DagsterExecutionInterruptedError):
-        # Interrupted while the queries were starting (before jobs.stream handles signals).
+    except BaseException:
+        # Interrupted, or a stage failed to start, before jobs.stream could stop what it started.
         stop.set()
-        _stop_active_queries(session)
+        _stop_queries(session, already_running)
         raise
     finally:
         done.set()

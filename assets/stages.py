@@ -164,7 +164,12 @@ def run_stage(spark, lake: Lake, settings: Settings, name: str, start: Callable,
     """
     lake.home.create()
     started = time.monotonic()
-    running = start(spark, lake, settings, trigger or jobs.AVAILABLE_NOW)
+    try:
+        running = start(spark, lake, settings, trigger or jobs.AVAILABLE_NOW)
+    except Exception as exc:  # the query did not even start (bad plan, missing source, ...)
+        python_error, message = python_cause(exc)
+        empty = jobs.QueryReport(name, duration_s=time.monotonic() - started, error=message)
+        raise StageError(name, f"stage {name} did not start: {message}", python_error, empty) from exc
     failure: BaseException | None = None
     try:
         running.query.awaitTermination()
@@ -182,6 +187,9 @@ def run_stage(spark, lake: Lake, settings: Settings, name: str, start: Callable,
 
 # The last "module.Class: message" line of a Python traceback embedded in a JVM error.
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Conflict|Failed)): (.*)$", re.M)
+_JVM_PREFIXES = ("py4j.", "org.", "java.", "scala.")
+# e.g. ": org.apache.spark.SparkClassNotFoundException: [DATA_SOURCE_NOT_FOUND] ..." in a Py4JJavaError
+_JVM_ERROR = re.compile(r"^:? ?((?:org|java|scala)\.[\w.$]*(?:Error|Exception)): (.*)$", re.M)
 
 
 def python_cause(exc: BaseException) -> tuple[str | None, str]:
@@ -194,11 +202,16 @@ def python_cause(exc: BaseException) -> tuple[str | None, str]:
     ('pipelines.lake.schema.SchemaMismatchError', "column 'x' changed")
     >>> python_cause(ValueError("plain"))
     ('ValueError', 'plain')
+    >>> python_cause(RuntimeError("calling o1.load.\\n: org.apache.spark.SparkException: [X] no"))
+    ('org.apache.spark.SparkException', '[X] no')
     """
     text = str(exc)
-    found = [m for m in _PY_ERROR.finditer(text) if not m.group(1).startswith(("py4j.", "org.", "java."))]
+    found = [m for m in _PY_ERROR.finditer(text) if not m.group(1).startswith(_JVM_PREFIXES)]
     if found:
         return found[-1].group(1), found[-1].group(2).strip()
+    jvm = _JVM_ERROR.search(text)  # no Python error inside: name the JVM exception instead
+    if jvm:
+        return jvm.group(1), jvm.group(2).strip()
     kind = type(exc)
     qualified = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     return qualified, (text.splitlines()[0] if text else kind.__name__)

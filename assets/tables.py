@@ -174,11 +174,22 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
 
 
 def stage_assets(stages: list[StageInfo]) -> list[AssetsDefinition]:
-    """One multi-asset per stage, and one asset per table several stages write."""
-    from assets.stages import shared_tables
+    """One multi-asset per stage, and one asset per table several stages write.
+
+    A registry table that no stage declares (e.g. one a stage writes besides its own table,
+    when its `stages()` entry does not list `writes`) still gets an asset, recorded after
+    every stage has run.
+    """
+    from assets.stages import ALERTS_TABLE, shared_tables
 
     assets = [stage_asset(s) for s in stages]
     for table, writers in shared_tables(stages).items():
         keys = [table_key(t) for w in writers for t in w.writes]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))
+    claimed = {t for s in stages for t in (*s.writes, *s.shared)} | {ALERTS_TABLE}
+    after_all = [table_key(s.writes[0]) for s in stages]
+    for table in Lake.names():
+        if table not in claimed:
+            assets.append(shared_table_asset(
+                table, after_all, "a query whose stage does not declare it (list it in the stage's `writes`)"))
     return assets
