@@ -32,6 +32,9 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
+    # Snapshot reads hand Spark the Delta log's exact file list; listing it again in a Spark job
+    # (the default above 32 paths) only adds latency.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
 }
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -44,6 +44,9 @@ def open_table(path: str | os.PathLike, *, version: int | None = None,
             table.load_as_version(timestamp)
         except Exception as exc:
             raise ValueError(f"{Path(location).name} has no version at or before {timestamp}: {exc}") from None
+        if table.version() == 0 and _before_first_commit(table, timestamp):
+            # delta-rs answers version 0 for any earlier time; the table did not exist then.
+            raise ValueError(f"{Path(location).name} has no version at or before {timestamp} (created later)")
     _check_readable(table, location)
     return table
 
@@ -70,6 +73,14 @@ def snapshot_frame(spark: SparkSession, table: DeltaTable) -> DataFrame:
         _check_hive_layout(uri, root, partition_columns)
     frame = spark.read.schema(schema).option("basePath", root).parquet(*files)
     return frame.select(*schema.fieldNames())
+
+
+def _before_first_commit(table: DeltaTable, timestamp: str | datetime) -> bool:
+    when = datetime.fromisoformat(timestamp.replace("Z", "+00:00")) if isinstance(timestamp, str) else timestamp
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    first = table.history()[-1]["timestamp"]  # newest first; epoch milliseconds
+    return when.timestamp() * 1000 < first
 
 
 def _check_readable(table: DeltaTable, location: str) -> None:
