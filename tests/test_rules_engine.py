@@ -135,10 +135,11 @@ def test_a_failing_rule_is_isolated_and_reported(spark, lake):
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
                                             {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
     reports = {r.name: r for r in run_all(spark, lake, [breaks_at_run_time, no_input, good])}
-    assert reports["rule:dga_nxdomain_burst"].error is None
-    assert reports["rule:dga_nxdomain_burst"].rows_out == {ALERTS_TABLE: 1}
-    error = reports["rule:casts_names_to_int"].error
-    assert error.startswith("rule casts_names_to_int failed in batch ") and "CAST_INVALID_INPUT" in error
+    lines = [r.line() for r in reports.values()]
+    assert reports["rule:dga_nxdomain_burst"].error is None, lines
+    assert reports["rule:dga_nxdomain_burst"].rows_out == {ALERTS_TABLE: 1}, lines
+    error = reports["rule:casts_names_to_int"].error or ""
+    assert error.startswith("rule casts_names_to_int failed in batch ") and "CAST_INVALID_INPUT" in error, lines
     assert "input table(s) ['enriched_conn'] do not exist yet" in reports["rule:internal_port_scan"].error
     assert len(alerts(spark, lake)) == 1
 

@@ -75,9 +75,9 @@ class AlertWriter:
         self.error: str | None = None
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
-        alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
-        fresh = None
+        alerts = fresh = None
         try:
+            alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
             fresh = unseen(alerts, self.alerts_path, self.rule).persist()
             total, new = alerts.count(), fresh.count()
             result = self.sink.write_batch(fresh, batch_id)
