@@ -428,8 +428,9 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
 
 # --- stream job -------------------------------------------------------------------------------
 
-def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, tmp_path):
-    home = Home.resolve(tmp_path / "home").create()
+def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, sample_run, tmp_path):
+    # Streams read their input tables, which must exist: stream over the home of the run-once test.
+    home = Home.resolve(sample_run[0])
     defs = build_definitions(rules_dir=tmp_path / "no-rules", resources={
         "spark": SparkResource(ui=False),
         "lake": LakeResource(home=str(home.root), settings={"trigger_interval": "1 second"})})
