@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -51,14 +50,9 @@ class SparkResource(ConfigurableResource):
 
             from pipelines.spark import get_spark
 
-            # Python workers (UDFs, the seclake_delta data source) must run this interpreter,
-            # not whatever `python3` is first on PATH.
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
             already_running = SparkContext._active_spark_context is not None
             self._session = get_spark(self.master, app_name=self.app_name, ui=self.ui, conf=dict(self.conf))
             self._owned = not already_running
-            _register_data_sources(self._session)
         return self._session
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -71,27 +65,6 @@ class SparkResource(ConfigurableResource):
             except Exception:  # a query that failed while stopping must not keep the JVM alive
                 pass
         session.stop()
-
-
-def _register_data_sources(session) -> None:
-    """Register the `seclake_delta` stream source on the run's root session up front.
-
-    Workaround: `pipelines.lake.source.read_stream` registers it once per SparkContext, on
-    whichever session reads first. When that is a rule's cloned session (a rule asset may run
-    before the attribution stages: it only depends on the tables it reads), the root session
-    never gets it and the next `read_stream` on it fails with DATA_SOURCE_NOT_FOUND. Remove
-    once `pipelines` registers on the root session itself.
-    """
-    try:
-        from pipelines.lake import source
-    except ImportError:
-        return
-    registered = getattr(source, "_registered", None)
-    context = id(session.sparkContext._jsc)
-    if registered is None or context in registered:
-        return
-    session.dataSource.register(source.DeltaStreamSource)
-    registered.add(context)
 
 
 class LakeResource(ConfigurableResource):

@@ -162,7 +162,15 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     stop = stop or threading.Event()
     trigger = processing_time(settings.trigger_interval)
     started = time.monotonic()
-    running = [start(spark, lake, settings, trigger) for _, start in stages()]
+    running: list[RunningQuery] = []
+    try:
+        for _, start in stages():
+            running.append(start(spark, lake, settings, trigger))
+    except BaseException:
+        for r in running:  # never leave half the pipeline running behind an error
+            r.query.stop()
+            r.writer.close()
+        raise
     rules = RuleManager()
     last_report = last_sync = time.monotonic()
     with _stop_on_signals(stop):

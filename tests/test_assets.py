@@ -3,9 +3,7 @@ rule-file factory, Great Expectations checks, blocking and retry behaviour, stre
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,7 +26,6 @@ from assets.resources import LakeResource, SparkResource
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,16 +2,13 @@
 no duplicates across re-runs and checkpoint resets, failure isolation, hot deploy."""
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 # Python data sources run in Python workers started from PATH unless told otherwise (as in test_lake_source).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pipelines.home import Home  # noqa: E402
 from pipelines.jobs import report  # noqa: E402

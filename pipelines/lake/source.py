@@ -445,8 +445,17 @@ def _positive_int(options: dict[str, str], name: str) -> int | None:
     return number
 
 
-# Python data sources are registered per SparkContext (shared by spark.newSession() sessions).
-_registered: set[int] = set()
+def register_source(spark: SparkSession) -> None:
+    """Make `seclake_delta` known to `spark` (idempotent).
+
+    Registrations live in a session's state and are copied into sessions cloned from it, so a
+    clone may already have it and a root session may not: register per session, once.
+    """
+    try:
+        spark.dataSource.register(DeltaStreamSource)
+    except Exception as exc:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
 
 
 def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_version: int | str | None = None,
@@ -473,8 +482,5 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     # Validate here so a bad option or a missing table is a plain ValueError in the caller,
     # not an AnalysisException from a Spark worker; the schema then goes to Spark as given.
     schema = DeltaStreamSource(CaseInsensitiveDict(options)).schema()
-    context = id(spark.sparkContext._jsc)
-    if context not in _registered:
-        spark.dataSource.register(DeltaStreamSource)
-        _registered.add(context)
+    register_source(spark)
     return spark.readStream.format(SOURCE_NAME).options(**options).schema(schema).load()
