@@ -72,11 +72,13 @@ def throughput(rep: jobs.QueryReport) -> int:
 
 
 def flush(spark, lake: Lake, settings: Settings) -> None:
-    """Append one DHCP ACK and one event per silver table a day after the data, and rerun the
+    """Append two DHCP ACKs and two events per silver table after the data, and rerun the
     attribution queries: every watermark passes the generated day, so all of it is emitted."""
     last = lake.read(spark, "silver_dhcp").agg(F.max("event_time")).first()[0]
+    # The second row must be later than the first by max_lease_age + the watermarks, so the
+    # sentinel lease is cut once past the day; 49 hours covers settings up to 24 hours each.
     for table in ("silver_dhcp", *attribution.ENRICHED_INPUTS.values()):
-        day_later = [F.lit(last).cast("timestamp") + F.expr(f"INTERVAL {h} HOURS") for h in (24, 36)]
+        day_later = [F.lit(last).cast("timestamp") + F.expr(f"INTERVAL {h} HOURS") for h in (1, 50)]
         row = lake.read(spark, table).limit(1)
         rows = row.withColumn("event_time", day_later[0]).unionByName(row.withColumn("event_time", day_later[1]))
         rows = (rows.withColumn("event_id", F.concat(F.lit("flush-"), F.col("event_time").cast("string")))
