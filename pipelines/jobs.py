@@ -123,7 +123,14 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(),
         if only and name not in only:
             continue
         started = time.monotonic()
-        running = start(spark, lake, settings, AVAILABLE_NOW)
+        try:
+            running = start(spark, lake, settings, AVAILABLE_NOW)
+        except ValueError as exc:  # e.g. an input table not created yet: report it, go on
+            rep = QueryReport(name, error=str(exc).splitlines()[0])
+            reports.append(rep)
+            if on_report:
+                on_report(rep)
+            continue
         try:
             running.query.awaitTermination()
         except Exception:  # the report carries the error; later stages still run on what committed
