@@ -140,7 +140,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     rule = find_rule(args.rule, rules_dir)
     against = None
     if args.against:
-        against = validate_rule(Path(args.against)) if Path(args.against).is_file() else rule_at_revision(rule.path, args.against)
+        other = Path(args.against)
+        against = validate_rule(other) if other.is_file() else rule_at_revision(rule.path, args.against)
     home = Home.resolve(args.home)
     truth = args.ground_truth or (home.root / GROUND_TRUTH)
     if args.ground_truth and not truth.is_file():

@@ -64,7 +64,8 @@ class CaseResult:
     message: str = ""
 
     def line(self) -> str:
-        return f"{'PASS' if self.passed else 'FAIL'} {self.rule} :: {self.case}" + (f": {self.message}" if self.message else "")
+        status = "PASS" if self.passed else "FAIL"
+        return f"{status} {self.rule} :: {self.case}" + (f": {self.message}" if self.message else "")
 
 
 def load_cases(rule: Rule) -> list[Case]:
