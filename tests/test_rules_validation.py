@@ -46,7 +46,7 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("reflect_qualified", with_column("builtin.reflect('java.lang.Runtime', 'getRuntime')"), "reflect() is not allowed"),
     ("reflect_in_where", f"SELECT {COLUMNS} FROM enriched_dns WHERE java_method('a', 'b') IS NOT NULL {GROUP}",
      "java_method() is not allowed"),
-    ("transform_using", f"SELECT TRANSFORM(src_ip) USING '/bin/sh -c id' AS (x) FROM enriched_dns",
+    ("transform_using", "SELECT TRANSFORM(src_ip) USING '/bin/sh -c id' AS (x) FROM enriched_dns",
      "TRANSFORM ... USING runs an external command"),
     ("parquet_path", f"SELECT {COLUMNS} FROM parquet.`/etc/passwd` {GROUP}", "file-path read parquet.`/etc/passwd`"),
     ("json_path_in_subquery", f"SELECT {COLUMNS} FROM enriched_dns {GROUP} "
