@@ -219,8 +219,6 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         app_id = claim_checkpoint(checkpoint, rule)
         alerts_path = table_path(lake, ALERTS_TABLE)
         ensure_alerts_table(alerts_path, settings.checkpoint_interval)
-        # Registers the seclake_delta source on `spark` (once), for the rule's session to inherit.
-        read_stream(spark, table_path(lake, rule.tables[0]))
         session = rule_session(spark, streaming=True)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of
