@@ -179,6 +179,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
             r.writer.close()
         raise
     rules = RuleManager()
+    reported: set[str] = set()
     last_report = last_sync = time.monotonic()
     with _stop_on_signals(stop):
         while not stop.wait(1.0):
@@ -188,7 +189,9 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
                 last_sync = time.monotonic()
             failed = [r for r in running if not r.query.isActive and r.query.exception() is not None]
             for r in failed:
-                log.error("query %s failed: %s", r.name, str(r.query.exception()).splitlines()[0])
+                if r.name not in reported:  # once per failure, not once a second
+                    reported.add(r.name)
+                    log.error("query %s failed: %s", r.name, str(r.query.exception()).splitlines()[0])
             if failed and len(failed) == len(running):
                 break
             if on_report and time.monotonic() - last_report >= report_every:
