@@ -11,7 +11,7 @@ median of --reps repetitions after one untimed warm-up of each side:
 
 Zeek JSON (`--zeek-format json`) makes `read.json` a like-for-like parse; TSV is reported too.
 
-    python bench/etl_throughput.py                      # ~25k events, 3 reps
+    python bench/etl_throughput.py                      # ~10k events per format, 3 reps
     python bench/etl_throughput.py --hours 4 --hosts 100 --reps 5
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def run_plain_text(spark, landing: Path, out: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=float, default=1.0, help="simulated hours to generate (default 1)")
+    parser.add_argument("--hours", type=float, default=0.5, help="simulated hours to generate (default 0.5)")
     parser.add_argument("--hosts", type=int, default=100, help="devices (default 100: ~25k events/hour at noon)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per side (median reported)")

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from urllib.parse import unquote
 
 from pipelines import etl
 from pipelines.home import Home
@@ -107,16 +108,20 @@ def leftovers(path: Path) -> tuple[set[str], set[str]]:
     referenced = set()
     if (path / "_delta_log").is_dir():
         adds = DeltaTable(str(path)).get_add_actions(flatten=True).column("path").to_pylist()
-        referenced = {os.path.normpath(p) for p in adds}
+        referenced = {os.path.normpath(unquote(p)) for p in adds}
     on_disk = set()
     for p in path.rglob("*.parquet"):
         rel = p.relative_to(path)
         if rel.parts[0].startswith(("_", ".")):
             continue
         on_disk.add(os.path.normpath(str(rel)))
-    from urllib.parse import unquote
-    referenced |= {unquote(r) for r in referenced}
     return staging, on_disk - referenced
+
+
+def staged(folder: Path) -> bool:
+    """True when a staging folder holds the batch's finished Parquet files (Spark's job commit
+    moved them out of `_temporary`): the write is done, the delta-rs commit is not."""
+    return any(p for p in folder.rglob("*.parquet") if "_temporary" not in p.relative_to(folder).parts)
 
 
 def manifest_silver(manifest: dict) -> dict[str, int]:
@@ -208,8 +213,49 @@ def _wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float)
     return None
 
 
+def _data_files(home: Home) -> set[str]:
+    """Parquet files in the tables' partition folders (not staging, not the log)."""
+    found = set()
+    if not home.tables.is_dir():
+        return found
+    for table in os.scandir(home.tables):
+        if not table.is_dir() or table.name.startswith("."):
+            continue
+        stack = [table.path]
+        while stack:
+            for entry in os.scandir(stack.pop()):
+                if entry.is_dir():
+                    if not entry.name.startswith(("_", ".")):
+                        stack.append(entry.path)
+                elif entry.name.endswith(".parquet"):
+                    found.add(entry.path)
+    return found
+
+
+def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.Popen, timeout: float) -> float:
+    """Poll (every ~10 ms) until the sink reached its write -> commit window `nth` times: a
+    staging folder whose Parquet files are finished, or new data files in a table's partitions
+    (moved there right before the commit). Return the seconds waited."""
+    started = time.monotonic()
+    events: set[str] = set()
+    while time.monotonic() - started < timeout and proc.poll() is None:
+        for folder in home.tables.glob(f"*/{STAGING}*"):
+            if str(folder) not in events and staged(folder):
+                events.add(str(folder))
+        new = _data_files(home) - known
+        if new:
+            events.add(min(new))  # one event per appearance of a batch's files
+            known |= new
+        if len(events) >= nth:
+            break
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated, tmp_path):
     gen, manifest = generated
+    test_started = time.monotonic()
+    timings = {}
     rng = random.Random(SEED)
     home = Home.resolve(tmp_path / "home").create()
     shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
@@ -220,6 +266,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     # them), so the first files go through the ETL once, as an operator would bootstrap a home.
     boot = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])
     assert boot[0].error is None, boot[0].line()
+    timings["bootstrap_s"] = round(time.monotonic() - test_started)
     # One file per micro-batch: many batches, so many commit points to land a kill on.
     cmd = seclake("stream", "--home", str(home.root), "--set", "trigger_interval=1 second",
                   "--set", "max_files_per_trigger=1", "--report-every", "5")
@@ -228,24 +275,33 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     seen_orphans: dict[str, set] = collections.defaultdict(set)
     for restart in range(RESTARTS):
         log = tmp_path / f"stream-{restart}.log"
-        # Kill points: every 4th run at 2-25 s after the process starts (often inside JVM start-up
-        # or query start); the others 2-25 s after Spark is up (query start, batches, commits).
-        from_start = restart % 4 == 0
+        # Kill points, in a cycle of four:
+        #   "from start" (x2): 2-25 s after the process starts: JVM start-up, query start, batches;
+        #   "after Spark up": 2-25 s after the session is up: query start, replay, batches, commits;
+        #   "in the write -> commit window": the k-th time (k = 1..4) the sink is between its
+        #   Parquet write and its delta-rs commit: a staging folder holds finished files, or
+        #   new files appear in a table's partitions (moved there right before the commit).
+        mode = ("after Spark up", "from start", "from start", "in the write -> commit window")[restart % 4]
         delay = rng.uniform(2, 25)
+        nth_file = rng.randint(1, 4)
         arrivals = [rng.uniform(0.5, 8) for _ in range(rng.randint(0, 2))]
+        known_files = _data_files(home)
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         started = time.monotonic()
         stop = threading.Event()
         thread = feed.during(stop, arrivals)
+        up = None
         try:
-            if from_start:
-                up = None
+            if mode == "from start":
                 time.sleep(delay)
             else:
                 up = _wait_for_line(log, "seclake stream: home", proc, timeout=300)
                 assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
-                time.sleep(delay)
+                if mode == "after Spark up":
+                    time.sleep(delay)
+                else:
+                    delay = _wait_for_sink_step(home, known_files, nth_file, proc, timeout=180)
             assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
             os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: Python driver and JVM
             proc.wait()
@@ -258,29 +314,45 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
         # What did this kill leave behind? New staging folders = killed while Spark wrote the
         # batch's Parquet; new unreferenced files in the partitions = killed after the files
         # were moved into place and before delta-rs committed them.
-        new_staging, new_orphans = 0, 0
-        for name in tables_in(home) + [p.name for p in home.tables.iterdir() if p.is_dir() and p.name[0] != "."]:
+        # A staging folder with finished files or new unreferenced files = the kill landed after
+        # the batch's Parquet write and before its commit; a staging folder with only Spark's
+        # `_temporary` output = during the write.
+        new_staging, new_staged, new_orphans, where = 0, 0, 0, []
+        for name in sorted({p.name for p in home.tables.iterdir() if p.is_dir() and p.name[0] != "."}):
             path = home.table(name)
             staging, orphans = leftovers(path)
-            new_staging += len(staging - seen_staging[name])
-            new_orphans += len(orphans - seen_orphans[name])
+            for folder in staging - seen_staging[name]:
+                if staged(path / folder):
+                    new_staged += 1
+                    where.append(f"{name}: staged, not committed")
+                else:
+                    new_staging += 1
+                    where.append(f"{name}: writing")
+            if orphans - seen_orphans[name]:
+                new_orphans += len(orphans - seen_orphans[name])
+                where.append(f"{name}: moved, not committed")
             seen_staging[name] |= staging
             seen_orphans[name] |= orphans
         # No duplicate may ever be visible, not even between restarts.
         for name in tables_in(home):
             dups = duplicates(row_keys(home.table(name), name))
             assert not dups, f"restart {restart}: {name} has duplicated rows {dups[:3]}"
-        kills.append({"restart": restart, "mode": "from start" if from_start else "after Spark up",
-                      "delay_s": round(delay, 1), "at_s": round(time.monotonic() - started, 1),
+        kills.append({"restart": restart, "mode": mode, "delay_s": round(delay, 2),
+                      "at_s": round(time.monotonic() - started, 1),
                       "startup_s": round(up - started, 1) if up else None,
-                      "new_staging_dirs": new_staging, "new_unreferenced_files": new_orphans,
+                      "killed_during_write": new_staging, "killed_after_write_in_staging": new_staged,
+                      "killed_after_move_unreferenced_files": new_orphans, "where": where,
                       "versions": {n: version(home.table(n)) for n in tables_in(home)}})
+    timings["kill_phase_s"] = round(time.monotonic() - test_started - timings["bootstrap_s"])
     # Everything else arrives; one clean run drains it (the same CLI, run-once this time).
     feed.deliver_next(len(feed.files))
-    drained = subprocess.run(seclake("run-once", "--home", str(home.root)), cwd=REPO, capture_output=True,
-                             text=True, timeout=1800)
+    # Only the ETL: its tables are the ones compared exactly; the later stages already ran (and
+    # recovered from every kill) inside `seclake stream`.
+    drained = subprocess.run(seclake("run-once", "--home", str(home.root), "--only", etl.QUERY_NAME), cwd=REPO,
+                             capture_output=True, text=True, timeout=1800)
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
 
+    timings["drain_s"] = round(time.monotonic() - test_started - timings["bootstrap_s"] - timings["kill_phase_s"])
     # The reference: the same files, one clean run in this process.
     reference = Home.resolve(tmp_path / "reference").create()
     shutil.copytree(gen / "reference", reference.reference, dirs_exist_ok=True)
@@ -292,11 +364,24 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     assert all(r.error is None for r in reports), [r.line() for r in reports]
     checked = compare_with_reference(home, reference, manifest)
 
-    between = sum(1 for k in kills if k["new_unreferenced_files"])
-    during_write = sum(1 for k in kills if k["new_staging_dirs"])
+    # What the crashed batches left behind is unreferenced; vacuum removes it and no row changes.
+    from pipelines.lake.maintenance import vacuum
+    left = {}
+    for name in tables_in(home):
+        staging, orphans = leftovers(home.table(name))
+        if staging or orphans:
+            left[name] = (len(staging), len(orphans))
+            keys = row_keys(home.table(name), name)
+            vacuum(home.table(name), retention_hours=0)
+            assert leftovers(home.table(name)) == (set(), set()), name
+            assert row_keys(home.table(name), name) == keys, name
+    timings["total_s"] = round(time.monotonic() - test_started)
+
+    between = sum(1 for k in kills if k["killed_after_write_in_staging"] or k["killed_after_move_unreferenced_files"])
+    during_write = sum(1 for k in kills if k["killed_during_write"])
     summary = {"restarts": len(kills), "kills_between_write_and_commit": between,
                "kills_during_parquet_write": during_write, "rows_checked": checked,
-               "landing_files": len(files), "kills": kills}
+               "landing_files": len(files), "vacuumed_leftovers": left, "timings": timings, "kills": kills}
     (tmp_path / "kills.json").write_text(json.dumps(summary, indent=1))
     print("\nSIGKILL summary:", json.dumps({k: v for k, v in summary.items() if k != "kills"}))
     for k in kills:
