@@ -8,14 +8,16 @@ or, after a crash, are replayed together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
-from pipelines.schemas import SILVER_SCHEMAS, SOURCES
+from pipelines.schemas import SILVER_KINDS, SILVER_SCHEMAS, SOURCES
 from pipelines.settings import Settings
 
 QUERY_NAME = "etl"
@@ -71,19 +73,22 @@ class EtlWriter:
         spark = files.sparkSession
         stats = BatchStats(batch_id)
         ingest = {"batch_id": F.lit(batch_id).cast("long"), "ingest_time": F.current_timestamp()}
-        parsed = None
+        # In-batch repeats of an event are flagged once here (one shuffle) instead of per silver table.
+        first = Window.partitionBy("event_id").orderBy("file", "line_number")
+        parsed = (self._parse(files).withColumns(ingest)
+                  .withColumn("_repeat", F.row_number().over(first) > 1).persist())
         try:
-            parsed = self._parse(files).withColumns(ingest).persist()
             self._record(stats, self.sinks["quarantine"].write_batch(to_quarantine(parsed).withColumns(ingest), batch_id))
             for source in SOURCES:
                 bronze = to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
                 self._record(stats, self.sinks[f"bronze_{source}"].write_batch(bronze, batch_id))
+            fresh = parsed.where(~F.col("_repeat"))
+            bounds = self._bounds(fresh)
             for table in SILVER_SCHEMAS:
-                rows = self._deduplicated(spark, table, to_silver(parsed, table))
+                rows = self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
                 self._record(stats, self.sinks[table].write_batch(rows, batch_id))
         finally:
-            if parsed is not None:
-                parsed.unpersist()
+            parsed.unpersist()
         self.history.append(stats)
 
     def close(self) -> None:
@@ -95,21 +100,31 @@ class EtlWriter:
         frames = [parse(split_lines(files.where(F.col("source") == source), source), source) for source in SOURCES]
         return frames[0].unionByName(frames[1])
 
-    def _deduplicated(self, spark: SparkSession, table: str, rows: DataFrame) -> DataFrame:
-        """Drop repeats of an event_id within the batch and within `dedup_window` of the table's rows.
+    @staticmethod
+    def _bounds(parsed: DataFrame) -> dict[str, tuple[datetime, datetime]]:
+        """Per silver table, the batch's earliest and latest good event time (one aggregation for all)."""
+        rows = (parsed.where(F.col("error").isNull()).groupBy("source", "kind")
+                .agg(F.min("event_time").alias("lo"), F.max("event_time").alias("hi")).collect())
+        by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows}
+        bounds = {}
+        for table, feeds in SILVER_KINDS.items():
+            spans = [by_kind[f] for f in feeds if f in by_kind]
+            if spans:
+                bounds[table] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
+        return bounds
+
+    def _unseen(self, spark: SparkSession, table: str, rows: DataFrame,
+                bounds: tuple[datetime, datetime] | None) -> DataFrame:
+        """Drop rows whose event_id the table already holds within `dedup_window` of this batch's events.
 
         The table itself is the dedup state: it survives restarts and is exactly as committed.
         """
-        rows = rows.dropDuplicates(["event_id"])
-        if not self.lake.exists(table):
+        if bounds is None or not self.lake.exists(table):
             return rows
-        bounds = rows.agg(F.min("event_time").alias("lo"), F.max("event_time").alias("hi")).first()
-        if bounds.lo is None:
-            return rows
+        lo = F.lit(bounds[0]) - F.expr(f"INTERVAL {self.settings.dedup_window}")
         seen = (self.lake.read(spark, table)
-                .where(F.col("event_date").between(F.to_date(F.lit(bounds.lo) - F.expr(f"INTERVAL {self.settings.dedup_window}")),
-                                                   F.to_date(F.lit(bounds.hi))))
-                .where(F.col("event_time") >= F.lit(bounds.lo) - F.expr(f"INTERVAL {self.settings.dedup_window}"))
+                .where(F.col("event_date").between(F.to_date(lo), F.to_date(F.lit(bounds[1]))))
+                .where(F.col("event_time") >= lo)
                 .select("event_id"))
         return rows.join(seen, "event_id", "left_anti")
 

@@ -66,7 +66,7 @@ def split_lines(files: DataFrame, source: str) -> DataFrame:
             file="file",
             line_number="CAST(_before + _li + 1 AS BIGINT)",
             raw="CASE WHEN endswith(_line, '\\r') THEN substr(_line, 1, char_length(_line) - 1) ELSE _line END",
-            valid_utf8="(_file_utf8 OR instr(_line, chr(65533)) = 0)")
+            valid_utf8="(_file_utf8 OR instr(_line, '\\uFFFD') = 0)")
     return q.stage(["source", "file", "line_number", "raw", "valid_utf8", *zeek]).build(files)
 
 
