@@ -40,6 +40,8 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
             .option("maxFilesPerTrigger", settings.max_files_per_trigger)
             # A late file keeps an old modification time; never age it out.
             .option("maxFileAge", "3650d")
+            # A file deleted after listing is skipped, not fatal: the query must outlive a sensor's cleanup.
+            .option("ignoreMissingFiles", True)
             .load(str(folder))
             .select(F.lit(source).alias("source"), F.col("_metadata.file_path").alias("file"),
                     F.col("value").alias("text")))

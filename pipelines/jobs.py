@@ -76,6 +76,34 @@ class QueryReport:
                 f"in {self.duration_s:.1f}s{extra}{status}")
 
 
+def error_summary(exc: BaseException | str) -> str:
+    """One line naming a failed query's cause, not its wrapper.
+
+    A failure inside foreachBatch reaches Spark as 'An exception was raised by the Python
+    Proxy', followed by the Python traceback; the cause is the traceback's last exception
+    line, and for a failed Spark job the deepest 'Caused by:' below it (e.g. 'Mkdirs failed').
+
+    >>> error_summary("An exception was raised by the Python Proxy. Return Message: Traceback "
+    ...               "(most recent call last):\\n  File \\"x.py\\", line 1, in f\\n    g()\\nOSError: disk full")
+    'OSError: disk full'
+    """
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
+    head = lines[0]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if "Python Proxy" in head and frames:
+        # The exception line follows the last frame and its indented source line.
+        after = [line for line in lines[frames[-1] + 1:] if not line.startswith(" ")]
+        head = after[0] if after else head
+    causes = [line.strip().removeprefix("Caused by:").strip() for line in lines if line.strip().startswith("Caused by:")]
+    if causes and head.startswith("py4j.protocol.Py4JJavaError"):
+        return causes[-1]  # 'An error occurred while calling o123.parquet' says nothing; the cause does
+    if causes and causes[-1] not in head:
+        head = f"{head} (caused by {causes[-1]})"
+    return head
+
+
 def report(running: RunningQuery, started: float) -> QueryReport:
     """Summarise a query's progress events and its writer's per-batch stats."""
     rep = QueryReport(running.name, duration_s=time.monotonic() - started)
@@ -96,7 +124,7 @@ def report(running: RunningQuery, started: float) -> QueryReport:
         rep.versions.update(stats.versions)
     exc = running.query.exception()
     if exc is not None:
-        rep.error = str(exc).splitlines()[0]
+        rep.error = error_summary(exc)
     return rep
 
 
@@ -126,7 +154,7 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(),
         try:
             running = start(spark, lake, settings, AVAILABLE_NOW)
         except ValueError as exc:  # e.g. an input table not created yet: report it, go on
-            rep = QueryReport(name, error=str(exc).splitlines()[0])
+            rep = QueryReport(name, error=error_summary(exc))
             reports.append(rep)
             if on_report:
                 on_report(rep)
@@ -191,7 +219,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
             for r in failed:
                 if r.name not in reported:  # once per failure, not once a second
                     reported.add(r.name)
-                    log.error("query %s failed: %s", r.name, str(r.query.exception()).splitlines()[0])
+                    log.error("query %s failed: %s", r.name, error_summary(r.query.exception()))
             if failed and len(failed) == len(running):
                 break
             if on_report and time.monotonic() - last_report >= report_every:

@@ -568,9 +568,6 @@ def test_file_deleted_while_being_read_then_restart_recovers(spark, generated, t
     print(f"\nfirst run: {first.line()}\nsecond run: {again.line()}")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a landing file deleted between listing and reading fails the ETL "
-                   "query (FAILED_READ_FILE.FILE_NOT_EXIST); in `seclake stream` the ETL then stays down until "
-                   "restarted. Fix: option ignoreMissingFiles=true on the landing file source (pipelines/etl.py)")
 def test_file_deleted_while_being_read_does_not_fail_the_run(spark, generated, tmp_path, monkeypatch):
     _, _, _, first = _deleted_file_run(spark, generated, tmp_path, monkeypatch)
     assert first.error is None, first.line()
@@ -757,10 +754,6 @@ def test_unwritable_table_fails_clearly_commits_nothing_partial_and_resumes(spar
     print(f"  after the fix: {again.line()}; rows checked {checked}")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: QueryReport.error (printed by `seclake run-once`/`stream` and shown "
-                   "in Dagster) is the first line of the exception, which for any failure inside foreachBatch is "
-                   "'An exception was raised by the Python Proxy. Return Message: Traceback ...', not the cause. "
-                   "Fix in pipelines/jobs.py report(): use the last line of the Python traceback / root cause")
 def test_failed_run_names_its_cause(spark, two_files, tmp_path):
     eve, _ = two_files
     home = Home.resolve(tmp_path / "home").create()
