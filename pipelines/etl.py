@@ -58,26 +58,35 @@ class BatchStats:
     skipped: list[str] = field(default_factory=list)
 
 
-class EtlWriter:
-    """The `foreachBatch` function of the ETL query.
+def parse_files(files: DataFrame) -> DataFrame:
+    """Whole landing files (`landing_files`) -> one parsed row per data line (PARSED_COLUMNS).
 
-    >>> writer = EtlWriter(Lake(Home.resolve("/tmp/x")), Settings())  # doctest: +SKIP
-    >>> landing_files(spark, lake, settings).writeStream.foreachBatch(writer)  # doctest: +SKIP
+    Applied to the stream, not inside foreachBatch: the parse plan is large, and Spark parses and
+    analyses it once per query start instead of once per micro-batch.
+    """
+    frames = [parse(split_lines(files.where(F.col("source") == source), source), source) for source in SOURCES]
+    return frames[0].unionByName(frames[1])
+
+
+class EtlWriter:
+    """The `foreachBatch` function of the ETL query: one parsed micro-batch -> every ETL table.
+
+    >>> writer = EtlWriter(Lake(Home.resolve("/tmp/x")))  # doctest: +SKIP
+    >>> parse_files(landing_files(spark, lake, settings)).writeStream.foreachBatch(writer)  # doctest: +SKIP
     """
 
-    def __init__(self, lake: Lake, settings: Settings) -> None:
+    def __init__(self, lake: Lake) -> None:
         self.lake = lake
-        self.settings = settings
         self.sinks = {name: lake.sink(name, app_id=QUERY_NAME) for name in ETL_TABLES}
         self.history: list[BatchStats] = []
 
-    def __call__(self, files: DataFrame, batch_id: int) -> None:
-        spark = files.sparkSession
+    def __call__(self, lines: DataFrame, batch_id: int) -> None:
+        spark = lines.sparkSession
         stats = BatchStats(batch_id)
         ingest = {"batch_id": F.lit(batch_id).cast("long"), "ingest_time": F.current_timestamp()}
         # In-batch repeats of an event are flagged once here (one shuffle) instead of per silver table.
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
-        parsed = (self._parse(files).withColumns(ingest)
+        parsed = (lines.withColumns(ingest)
                   .withColumn("_repeat", F.row_number().over(first) > 1).persist())
         try:
             self._record(stats, self.sinks["quarantine"].write_batch(to_quarantine(parsed).withColumns(ingest), batch_id))
@@ -98,11 +107,6 @@ class EtlWriter:
             sink.close()
 
     @staticmethod
-    def _parse(files: DataFrame) -> DataFrame:
-        frames = [parse(split_lines(files.where(F.col("source") == source), source), source) for source in SOURCES]
-        return frames[0].unionByName(frames[1])
-
-    @staticmethod
     def _bounds(parsed: DataFrame) -> dict[str, tuple[datetime, datetime]]:
         """Per silver table, the batch's earliest and latest good event time (one aggregation for all)."""
         rows = (parsed.where(F.col("error").isNull()).groupBy("source", "kind")
@@ -117,16 +121,18 @@ class EtlWriter:
 
     def _unseen(self, spark: SparkSession, table: str, rows: DataFrame,
                 bounds: tuple[datetime, datetime] | None) -> DataFrame:
-        """Drop rows whose event_id the table already holds within `dedup_window` of this batch's events.
+        """Drop rows whose event_id the table already holds between this batch's first and last event times.
 
-        The table itself is the dedup state: it survives restarts and is exactly as committed.
+        event_id hashes the raw line, timestamp included, so a repeat carries the original's
+        exact event_time: the time range is exact, not a tuning window. The table itself is the
+        dedup state: it survives restarts and is exactly as committed.
         """
         if bounds is None or not self.lake.exists(table):
             return rows
-        lo = F.lit(bounds[0]) - F.expr(f"INTERVAL {self.settings.dedup_window}")
+        lo, hi = F.lit(bounds[0]), F.lit(bounds[1])
         seen = (self.lake.read(spark, table)
-                .where(F.col("event_date").between(F.to_date(lo), F.to_date(F.lit(bounds[1]))))
-                .where(F.col("event_time") >= lo)
+                .where(F.col("event_date").between(F.to_date(lo), F.to_date(hi)))
+                .where(F.col("event_time").between(lo, hi))
                 .select("event_id"))
         return rows.join(seen, "event_id", "left_anti")
 
@@ -143,8 +149,8 @@ def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) ->
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
     from pipelines.jobs import RunningQuery
 
-    writer = EtlWriter(lake, settings)
-    query = (landing_files(spark, lake, settings).writeStream
+    writer = EtlWriter(lake)
+    query = (parse_files(landing_files(spark, lake, settings)).writeStream
              .queryName(QUERY_NAME)
              .foreachBatch(writer)
              .option("checkpointLocation", str(lake.home.checkpoint(QUERY_NAME)))

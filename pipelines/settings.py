@@ -17,9 +17,6 @@ class Settings:
     trigger_interval: str = "10 seconds"
     # Bounds one micro-batch of landing files so a backlog is eaten in steps that fit in memory.
     max_files_per_trigger: int = 50
-    # Duplicated sensor lines arrive within minutes of the original; an hour also covers a file
-    # that is re-shipped after an hourly rotation.
-    dedup_window: str = "1 hour"
     # Events may trail the DHCP log by a rotation period (1 h files) plus shipping delay.
     event_watermark: str = "2 hours"
     lease_watermark: str = "2 hours"
