@@ -215,6 +215,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
                 # Deploy = add or edit a rule file: only that rule's query (re)starts.
                 rules.sync(spark, lake, settings, trigger, running)
                 last_sync = time.monotonic()
+            reported -= {r.name for r in running if r.query.isActive}  # a retried query may fail anew
             failed = [r for r in running if not r.query.isActive and r.query.exception() is not None]
             for r in failed:
                 if r.name not in reported:  # once per failure, not once a second

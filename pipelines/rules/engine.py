@@ -238,7 +238,10 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                  .start())
         return RunningQuery(rule.query_name, RuleQuery(query, writer), writer, (ALERTS_TABLE,))
     except Exception as exc:  # isolation: one broken rule must not stop the others
-        log.error("rule %s did not start: %s", rule.slug, _first_line(exc))
+        # Missing input tables are normal until the upstream stages first commit; sync() retries
+        # every few seconds, so that case is not an error (the stream reports it once).
+        (log.info if isinstance(exc, MissingInputError) else log.error)(
+            "rule %s did not start: %s", rule.slug, _first_line(exc))
         if writer is not None:
             writer.close()
         return RunningQuery(rule.query_name, FailedQuery(rule.query_name, exc),
@@ -299,11 +302,13 @@ class SyncResult:
 
     started: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
+    # Rules started again after waiting for their input tables to exist.
+    retried: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     invalid: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.started or self.restarted or self.stopped)
+        return bool(self.started or self.restarted or self.retried or self.stopped)
 
 
 class RuleManager:
@@ -343,9 +348,10 @@ class RuleManager:
                 running.append(start_rule(spark, lake, settings, trigger, rule))
                 result.started.append(rule.query_name)
             elif entry.writer.content_hash != rule.content_hash or _retryable(entry):
+                retry = entry.writer.content_hash == rule.content_hash
                 stop_rule(entry)
                 running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
-                result.restarted.append(rule.query_name)
+                (result.retried if retry else result.restarted).append(rule.query_name)
         for name, entry in current.items():
             if name[len("rule:"):] in valid or name in invalid:
                 continue
@@ -362,6 +368,9 @@ class RuleManager:
         for name in result.started + result.restarted + result.stopped:
             log.warning("rules: %s %s", name, "started" if name in result.started else
                         "restarted" if name in result.restarted else "stopped")
+        for entry in running:
+            if entry.name in result.retried and not isinstance(entry.query, FailedQuery):
+                log.warning("rules: %s started (its input tables exist now)", entry.name)
         return result
 
 
