@@ -22,6 +22,9 @@ from pipelines.settings import Settings
 log = logging.getLogger("seclake")
 
 AVAILABLE_NOW: dict[str, object] = {"availableNow": True}
+# Backoff of a failed stage's restart in `seclake stream`: 10 s, doubling up to 5 minutes.
+RESTART_SECONDS = 10.0
+RESTART_MAX_SECONDS = 300.0
 RULE_SYNC_SECONDS = 5.0
 
 
@@ -189,7 +192,8 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     """Run every stage continuously until `stop` is set, SIGINT or SIGTERM; then stop cleanly.
 
     A clean stop lets the running micro-batch finish its commits; a kill at any point is also
-    safe (exactly-once), it only replays the interrupted batch on restart.
+    safe (exactly-once), it only replays the interrupted batch on restart. A stage query that
+    fails is restarted from its checkpoint after RESTART_SECONDS, doubling per failure.
     """
     from pipelines.rules import RuleManager
 
@@ -198,6 +202,9 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     trigger = processing_time(settings.trigger_interval)
     started = time.monotonic()
     running: list[RunningQuery] = []
+    # Each stage streams from the tables of the one before it: on a fresh home they start empty.
+    for name in lake.names():
+        lake.ensure(name, settings.checkpoint_interval)
     try:
         for _, start in stages():
             running.append(start(spark, lake, settings, trigger))
@@ -207,22 +214,45 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
             r.writer.close()
         raise
     rules = RuleManager()
+    starters = dict(stages())
     reported: set[str] = set()
+    failures: dict[str, int] = {}
+    restart_at: dict[str, float] = {}
     last_report = last_sync = time.monotonic()
     with _stop_on_signals(stop):
         while not stop.wait(1.0):
-            if time.monotonic() - last_sync >= RULE_SYNC_SECONDS:
+            now = time.monotonic()
+            if now - last_sync >= RULE_SYNC_SECONDS:
                 # Deploy = add or edit a rule file: only that rule's query (re)starts.
                 rules.sync(spark, lake, settings, trigger, running)
-                last_sync = time.monotonic()
-            reported -= {r.name for r in running if r.query.isActive}  # a retried query may fail anew
+                last_sync = now
+            reported -= {r.name for r in running if r.query.isActive}  # a restarted query may fail anew
             failed = [r for r in running if not r.query.isActive and r.query.exception() is not None]
             for r in failed:
                 if r.name not in reported:  # once per failure, not once a second
                     reported.add(r.name)
-                    log.error("query %s failed: %s", r.name, error_summary(r.query.exception()))
-            if failed and len(failed) == len(running):
-                break
+                    if r.name in starters:
+                        # A stage that fails (e.g. a Python worker that timed out under load) restarts
+                        # from its checkpoint, which is exactly-once; the wait doubles per failure.
+                        failures[r.name] = failures.get(r.name, 0) + 1
+                        wait = _backoff(failures[r.name])
+                        restart_at[r.name] = now + wait
+                        log.error("query %s failed: %s; restarting it in %.0f s", r.name,
+                                  error_summary(r.query.exception()), wait)
+                    else:
+                        log.error("query %s failed: %s", r.name, error_summary(r.query.exception()))
+                elif r.name in restart_at and now >= restart_at[r.name]:
+                    r.writer.close()
+                    try:
+                        running[running.index(r)] = starters[r.name](spark, lake, settings, trigger)
+                    except Exception as exc:  # still broken: try again after a longer wait
+                        failures[r.name] += 1
+                        wait = _backoff(failures[r.name])
+                        restart_at[r.name] = now + wait
+                        log.error("query %s did not restart: %s; next try in %.0f s", r.name, error_summary(exc), wait)
+                        continue
+                    del restart_at[r.name]
+                    log.warning("query %s restarted", r.name)
             if on_report and time.monotonic() - last_report >= report_every:
                 for r in running:
                     on_report(report(r, started))
@@ -231,6 +261,10 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
         _stop_between_batches(r.query)
         r.writer.close()
     return [report(r, started) for r in running]
+
+
+def _backoff(failures: int) -> float:
+    return min(RESTART_MAX_SECONDS, RESTART_SECONDS * 2 ** (failures - 1))
 
 
 def _stop_between_batches(query: StreamingQuery, patience_s: float = 60.0) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,55 @@ def test_real_logs_lose_no_line(spark, real_logs, tmp_path):
         assert lines == expected, name
         assert good + quarantined.get(name, 0) == expected, name
         print(f"{name}: {good}/{expected} parsed ({100 * good / expected:.1f}%)")
+
+
+def test_stream_starts_on_a_fresh_home_and_restarts_a_failed_stage(spark, tmp_path, monkeypatch):
+    """`seclake stream` on a home that has only landing files: every table is created empty so
+    the downstream queries can start, and an ETL batch that fails once (as a Python worker that
+    timed out under load would) is retried from the checkpoint: every event arrives once."""
+    from pipelines import etl, jobs
+
+    home = Home.resolve(tmp_path / "home")
+    landing = home.root / "landing"
+    for source in ("zeek", "suricata"):
+        (landing / source).mkdir(parents=True)
+        first = sorted((SAMPLE / "landing" / source).iterdir())[0]
+        shutil.copy(first, landing / source / first.name)
+    lake = Lake(home.create())
+    expected = sum(_data_lines(path) for source in ("zeek", "suricata") for path in (landing / source).iterdir())
+    monkeypatch.setattr(jobs, "RESTART_SECONDS", 1.0)
+    calls = []
+    original = etl.EtlWriter.__call__
+
+    def fails_once(self, lines, batch_id):
+        calls.append(batch_id)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure")
+        return original(self, lines, batch_id)
+
+    monkeypatch.setattr(etl.EtlWriter, "__call__", fails_once)
+    stop = threading.Event()
+
+    def stop_when_done():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not stop.is_set():
+            if len(calls) >= 2 and lake.exists("bronze_zeek") and _bronze_lines(lake) >= expected:
+                break
+            time.sleep(1)
+        stop.set()
+
+    watcher = threading.Thread(target=stop_when_done, daemon=True)
+    watcher.start()
+    reports = {r.name: r for r in jobs.stream(spark, lake, Settings(trigger_interval="1 second"), stop=stop)}
+    watcher.join()
+    assert set(lake.names()) <= {p.name for p in home.tables.iterdir()}, "every table exists"
+    assert calls[:2] == [0, 0], "the failed batch is replayed with the same id"
+    assert reports["etl"].error is None, reports["etl"].line()
+    assert _bronze_lines(lake) == expected
+
+
+def _bronze_lines(lake: Lake) -> int:
+    from deltalake import DeltaTable
+
+    return sum(DeltaTable(str(lake.path(f"bronze_{s}"))).to_pyarrow_table(columns=["line_number"]).num_rows
+               for s in ("zeek", "suricata"))

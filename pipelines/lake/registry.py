@@ -10,7 +10,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.home import Home
 from pipelines.lake.read import read_table
-from pipelines.lake.sink import DeltaSink
+from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,15 @@ class Lake:
 
     def exists(self, name: str) -> bool:
         return (self.path(name) / "_delta_log").is_dir()
+
+    def ensure(self, name: str, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
+        """Create `name` empty, with its registry schema and partitioning, unless it exists.
+
+        >>> Lake(Home.resolve("/tmp/x")).ensure("silver_dns")  # doctest: +SKIP
+        True
+        """
+        spec = self.spec(name)
+        return create_empty(self.path(name), spec.schema, list(spec.partition_by), checkpoint_interval)
 
     def sink(self, name: str, *, app_id: str | None = None) -> DeltaSink:
         """The exactly-once sink for `name`; the app_id defaults to the table name (one writer per table)."""

@@ -171,6 +171,32 @@ class DeltaSink:
         return table.version()
 
 
+def create_empty(path: str | os.PathLike, schema: StructType, partition_by: list[str],
+                 checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
+    """Create an empty Delta table at `path` unless one exists; True if this call created it.
+
+    Streams read their input tables from the start, so a downstream query can start before its
+    upstream has committed anything. Creation happens under a file lock: concurrent callers
+    (rule queries, a second process) never race.
+
+    >>> create_empty("/tmp/lake/t", StructType([StructField("a", LongType())]), [])  # doctest: +SKIP
+    True
+    """
+    path = Path(path)
+    if DeltaTable.is_deltatable(str(path)):
+        return False
+    lock_dir = path.parent / ".locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{path.name}.create.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if DeltaTable.is_deltatable(str(path)):
+            return False
+        DeltaTable.create(str(path), spark_to_delta(as_nullable(schema)), mode="ignore",
+                          partition_by=partition_by or None, name=path.name,
+                          configuration={"delta.checkpointInterval": str(checkpoint_interval)})
+        return True
+
+
 def _partition_values(rel: Path) -> dict[str, str | None]:
     values: dict[str, str | None] = {}
     for part in rel.parts[:-1]:

@@ -1,16 +1,13 @@
 """Rows a rule returns -> rows of the one `alerts` table, with stable alert ids."""
 from __future__ import annotations
 
-import fcntl
 import os
-from pathlib import Path
 
-from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.lake.read import read_table
-from pipelines.lake.schema import spark_to_delta
+from pipelines.lake.sink import create_empty
 from pipelines.rules.spec import REQUIRED_COLUMNS, Rule, RuleError
 from pipelines.schemas import ALERTS_SCHEMA
 
@@ -63,19 +60,9 @@ def ensure_alerts_table(path: str | os.PathLike, checkpoint_interval: int = 100)
     """Create the empty alerts table once, before any rule query writes to it.
 
     Rule queries append concurrently (blind appends never conflict in delta-rs); only the
-    creation must not race, so it happens under a file lock.
+    creation must not race, which `create_empty` guarantees.
     """
-    path = Path(path)
-    if DeltaTable.is_deltatable(str(path)):
-        return
-    lock_dir = path.parent / ".locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{path.name}.create.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not DeltaTable.is_deltatable(str(path)):
-            DeltaTable.create(str(path), spark_to_delta(ALERTS_SCHEMA), mode="ignore",
-                              partition_by=list(ALERTS_PARTITION_BY), name=path.name,
-                              configuration={"delta.checkpointInterval": str(checkpoint_interval)})
+    create_empty(path, ALERTS_SCHEMA, list(ALERTS_PARTITION_BY), checkpoint_interval)
 
 
 def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule: Rule) -> DataFrame:
