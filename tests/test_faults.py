@@ -284,8 +284,8 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     files = landing_files(gen, manifest)
     feed = Deliverer(files, home.landing, rng)
     feed.deliver_next(2)
-    # `seclake stream` refuses to start before the silver tables exist (attribution streams from
-    # them), so the first files go through the ETL once, as an operator would bootstrap a home.
+    # The first files go through the ETL once, so the kills start on a home that has data, as a
+    # deployed one would.
     boot = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])
     assert boot[0].error is None, boot[0].line()
     timings["bootstrap_s"] = round(time.monotonic() - test_started)
