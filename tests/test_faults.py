@@ -1,6 +1,6 @@
 """Fault injection: SIGKILL at random points, malformed input, a full disk, an unwritable table.
 
-Run alone with `pytest -m faults` (about 10 minutes on 2 idle cores; the kill test is most
+Run alone with `pytest -m faults` (15-20 minutes on 2 cores; the kill test is most
 of it). Every check compares against the generator's manifest and against a clean reference
 run over the same files, and reads the Delta tables with delta-rs (not with seclake's own
 read path), so a bug in the product's read path cannot hide a bug in its write path.
