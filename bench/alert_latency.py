@@ -36,7 +36,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -203,12 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     gen.wait(timeout=60)
     poll_tables()
-    stream.send_signal(signal.SIGTERM)
-    try:
-        stream.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(stream.pid, signal.SIGKILL)
-        stream.wait()
+    common.stop_gracefully(stream, timeout=180)
     floor_query.stop()
     floor_sink.close()
     spark.stop()

@@ -10,7 +10,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -218,3 +220,13 @@ def tree_pids(pid: int) -> list[int]:
         out.append(p)
         stack += _children(p)
     return out
+
+
+def stop_gracefully(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM `proc` (a clean stop lets its batch commit); SIGKILL its process group after `timeout` s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -159,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.idle)
         idle.append((common.tree_cpu(stream.pid) - cpu2) / (time.monotonic() - wall2))
         print(f"  stream idle: {idle[-1]:.3f} CPU s per second", flush=True)
-    stream.send_signal(signal.SIGTERM)
-    try:
-        stream.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(stream.pid, signal.SIGKILL)
-        stream.wait()
+    common.stop_gracefully(stream, timeout=300)
     stream_total = json.loads((work / "cpu-stream.json").read_text()) if (work / "cpu-stream.json").exists() else {}
     # Cross-check: the same rows landed in both homes.
     rows = {name: (common.table_rows(homes["hourly"] / "tables" / name), common.table_rows(homes["stream"] / "tables" / name))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import importlib.util
 import ipaddress
 import json
 import struct
@@ -598,8 +597,6 @@ def test_parsers_run_on_a_stream(spark, tmp_path):
 # --- the sample generator ------------------------------------------------------------------------
 
 def test_generator_output_parses(spark, tmp_path):
-    if importlib.util.find_spec("sample_data.generator") is None:
-        pytest.skip("sample_data/generator.py is not there yet")
     from sample_data.generator import generate
 
     manifest = generate(tmp_path / "gen", hours=1, hosts=10, seed=11)
