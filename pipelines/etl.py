@@ -86,8 +86,7 @@ class EtlWriter:
         ingest = {"batch_id": F.lit(batch_id).cast("long"), "ingest_time": F.current_timestamp()}
         # In-batch repeats of an event are flagged once here (one shuffle) instead of per silver table.
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
-        parsed = (lines.withColumns(ingest)
-                  .withColumn("_repeat", F.row_number().over(first) > 1).persist())
+        parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
             self._record(stats, self.sinks["quarantine"].write_batch(to_quarantine(parsed).withColumns(ingest), batch_id))
             for source in SOURCES:
