@@ -205,8 +205,9 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     # Each stage streams from the tables of the one before it: on a fresh home they start empty.
     for name in lake.names():
         lake.ensure(name, settings.checkpoint_interval)
+    starters = dict(stages())
     try:
-        for _, start in stages():
+        for start in starters.values():
             running.append(start(spark, lake, settings, trigger))
     except BaseException:
         for r in running:  # never leave half the pipeline running behind an error
@@ -214,7 +215,6 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
             r.writer.close()
         raise
     rules = RuleManager()
-    starters = dict(stages())
     reported: set[str] = set()
     failures: dict[str, int] = {}
     restart_at: dict[str, float] = {}
