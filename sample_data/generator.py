@@ -191,6 +191,13 @@ def _clean(out: Path, overwrite: bool) -> None:
 _CTX: dict = {}
 
 
+def _init_worker(ctx: dict) -> None:
+    """Worker start-up: the window's context arrives pickled, since spawned workers share no memory."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _CTX.clear()
+    _CTX.update(ctx)
+
+
 def _bucket(items, base: int, n: int) -> dict[int, list]:
     """Split lines by the hourly file their write time falls in (clamped to the window)."""
     out: dict[int, list] = {}
@@ -395,8 +402,10 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
             for j in range(n_files):
                 yield _background_hour(j)
         else:
-            ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(nproc, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+            # spawn, never fork: the caller may already run a JVM and Py4J threads, and a forked
+            # child can wait for ever on a lock one of those threads held at fork time.
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(nproc, initializer=_init_worker, initargs=(dict(_CTX),)) as pool:
                 yield from pool.imap(_background_hour, range(n_files))
 
     t_start = time.monotonic()

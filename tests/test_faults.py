@@ -32,7 +32,8 @@ from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
 from sample_data.generator import generate
 
-pytestmark = pytest.mark.faults
+# Each fault test runs a stream for minutes; a larger per-test limit than the suite default (600 s).
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
 RESTARTS = int(os.environ.get("SECLAKE_FAULT_RESTARTS", "20"))
