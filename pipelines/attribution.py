@@ -31,7 +31,7 @@ from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, Str
 
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
-from pipelines.lake.source import read_stream
+from pipelines.lake.source import check_resumable, read_stream
 from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA
 from pipelines.settings import Settings
 
@@ -456,12 +456,9 @@ class AttributionWriter:
         self.history.append(stats)
 
     def close(self) -> None:
-        try:
-            if self.history:
-                self._record_late(self.history[-1])
-        finally:
-            self.sink.close()
-            self.late_sink.close()
+        """Record the late rows of batches that finished after the last one recorded."""
+        if self.history:
+            self._record_late(self.history[-1])
 
     def _record_late(self, stats: BatchStats) -> None:
         if self.query is None:
@@ -492,6 +489,7 @@ class AttributionWriter:
 def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, trigger: dict) -> "RunningQuery":
     from pipelines.jobs import RunningQuery
 
+    check_resumable(lake.home.checkpoint(name))
     query = (frame.writeStream
              .queryName(name)
              .foreachBatch(writer)
@@ -512,10 +510,8 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # The enriched queries stream from dhcp_leases and all four queries write late_events: create
     # both before any of them runs (no stream over a missing table, no two writers racing to
     # create one). Batch id -1 marks "nothing committed yet": batch 0 still commits.
-    created = ((LEASES, writer.sink, LEASE_SCHEMA), (LATE_EVENTS, writer.late_sink, LATE_EVENTS_SCHEMA))
-    for table, sink, schema in created:
-        if not lake.exists(table):
-            sink.write_batch(spark.createDataFrame([], schema), -1)
+    for table in (LEASES, LATE_EVENTS):
+        lake.ensure(spark, table, settings.checkpoint_interval)
     return _run(LEASES, lease_segments(dhcp, settings), writer, lake, trigger)
 
 

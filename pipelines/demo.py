@@ -40,18 +40,15 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
 
 def summary(spark, lake) -> str:
     """Rows and version of every table, then alerts by rule and severity."""
-    import pyarrow as pa
-
-    from pipelines.lake.read import open_table
+    from pipelines.lake.log import summary
 
     lines = [f"{'table':<22} {'version':>7} {'rows':>10}"]
     for name in lake.names():
         if not lake.exists(name):
             lines.append(f"{name:<22} {'-':>7} {'not created':>10}")
             continue
-        table = open_table(lake.path(name))
-        rows = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
-        lines.append(f"{name:<22} {table.version():>7} {rows:>10}")
+        found = summary(lake.path(name))
+        lines.append(f"{name:<22} {found.version:>7} {found.rows:>10}")
     if lake.exists("alerts"):
         alerts = lake.read(spark, "alerts").groupBy("rule_name", "severity").count().orderBy("rule_name").collect()
         lines.append("\nalerts by rule and severity:")

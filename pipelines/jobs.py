@@ -204,7 +204,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     running: list[RunningQuery] = []
     # Each stage streams from the tables of the one before it: on a fresh home they start empty.
     for name in lake.names():
-        lake.ensure(name, settings.checkpoint_interval)
+        lake.ensure(spark, name, settings.checkpoint_interval)
     starters = dict(stages())
     try:
         for start in starters.values():

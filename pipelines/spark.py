@@ -11,6 +11,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+# .ci/setup fetches the Delta jars here from Maven Central (pinned in .ci/jars.pom.xml).
+JARS_DIR = Path(__file__).resolve().parents[1] / ".jars"
 
 # Why each setting: timestamps must be TIMESTAMP_MICROS or delta-rs marks tables as needing
 # the timestampNanos reader feature (DESIGN.md); 2 cores gain nothing from 200 shuffle
@@ -32,9 +34,18 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
-    # Snapshot reads hand Spark the Delta log's exact file list; listing it again in a Spark job
-    # (the default above 32 paths) only adds latency.
-    "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
+    # Delta Lake (delta-spark): SQL commands (DESCRIBE HISTORY, RESTORE, OPTIMIZE, VACUUM, time
+    # travel) and `USING delta` tables in the session catalog. The catalog stays in memory, one per
+    # JVM, so any number of sessions (streams, `seclake sql`, notebooks) run side by side; each
+    # registers the home's tables by path (Lake.register).
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.catalogImplementation": "in-memory",
+    # A snapshot's log is small here; Delta's default of 50 partitions to rebuild it means 50
+    # tasks on 2 cores for every table opened.
+    "spark.databricks.delta.snapshotPartitions": "2",
+    # seclake's maintenance chooses its own vacuum retention (pipelines/lake/maintenance.py).
+    "spark.databricks.delta.retentionDurationCheck.enabled": "false",
 }
 
 
@@ -56,6 +67,19 @@ def check_java() -> None:
         raise RuntimeError(f"seclake needs Java 17 or newer; {java} is version {version}")
 
 
+def delta_jars() -> list[Path]:
+    """The Delta jars `.ci/setup` fetched; a RuntimeError saying what to run when they are missing.
+
+    >>> any(p.name.startswith("delta-spark_") for p in delta_jars())
+    True
+    """
+    jars = sorted(JARS_DIR.glob("*.jar"))
+    if not any(p.name.startswith("delta-spark_") for p in jars):
+        raise RuntimeError(f"the Delta Lake jars are missing from {JARS_DIR}; run `bash .ci/setup` once "
+                           "(it fetches them from Maven Central)")
+    return jars
+
+
 def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = True,
               conf: dict[str, str] | None = None) -> SparkSession:
     """Build (or return the active) SparkSession with seclake's settings.
@@ -74,6 +98,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
     settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+    settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
     settings.update(conf or {})
     master = settings.pop("spark.master", None) or master or os.environ.get("SECLAKE_SPARK_MASTER") or "local[*]"
     builder = SparkSession.builder.master(master).appName(app_name)

@@ -1,13 +1,16 @@
 """Analysts' SQL over the live tables: each statement reads one committed snapshot of every table it names.
 
 `seclake sql`, `seclake tables`, `seclake history` and the notebook entry point `connect()` share
-one path. The tables a statement names are found with sqlglot; each is opened once with delta-rs
-(`open_table`) and registered as a temp view over exactly that snapshot's files; then Spark runs
-the statement. Commits made meanwhile by the streams are not seen, a half-written batch never is.
+one path. The tables a statement names are found with sqlglot and registered by path in the
+session's in-memory catalog (`Lake.register`); Spark with delta-spark runs the statement, fixing
+each table's snapshot when it analyses it. Commits made meanwhile by the streams are not seen, a
+half-written batch never is. Delta's own SQL works on those names: `DESCRIBE HISTORY silver_dns`,
+`SELECT ... FROM silver_dns VERSION AS OF 3`.
 
 Time travel: `as_of=` / `--as-of 12` pins every table of a statement; `silver_dns@v12` or
 `silver_dns@2026-11-20T10:00:00Z` in the SQL text pins one reference. The `@` form is rewritten
-to a view name (`silver_dns__v12`) before anything parses the statement.
+to a temp view name (`silver_dns__v12`) over that version before anything parses the statement.
+`seclake tables` and `seclake history` read the Delta logs without starting Spark.
 """
 from __future__ import annotations
 
@@ -145,11 +148,17 @@ class Database:
         default = None if as_of is None else parse_as_of(as_of)
         text, pins, edits = _rewrite_time_travel(statements[0])
         found = _inspect(text)
+        latest: list[str] = []
         for name in sorted(found.tables - pins.keys()):
             if name in self.lake.names() and (found.exact or self.lake.exists(name)):
-                pins[name] = _Pin(name, default)
+                if default is None:
+                    latest.append(name)
+                else:
+                    pins[name] = _Pin(name, default)
             elif found.exact and name not in found.ctes and "." not in name and not self.spark.catalog.tableExists(name):
                 raise SqlError(self._unknown_table(name))
+        with self._errors(text, edits):
+            self.lake.register(self.spark, latest)
         with _VIEWS_LOCK:
             registered: list[str] = []
             try:
@@ -157,7 +166,7 @@ class Database:
                     self.table(pin.table, pin.as_of).createOrReplaceTempView(view)
                     registered.append(view)
                 with self._errors(text, edits):
-                    # Analysis happens here, so the returned DataFrame holds the pinned file lists.
+                    # Analysis happens here: each table's snapshot is fixed for the whole statement.
                     return self.spark.sql(text, args=args)
             finally:
                 for view in registered:
@@ -169,15 +178,15 @@ class Database:
         >>> db.table("silver_dns", as_of=3).count()  # doctest: +SKIP
         1200
         """
-        from pipelines.lake.read import open_table, snapshot_frame
-
         if name not in self.lake.names() or not self.lake.exists(name):
             raise SqlError(self._unknown_table(name))
         when = None if as_of is None else parse_as_of(as_of)
         with self._errors():
-            snapshot = (open_table(self.lake.path(name), version=when) if isinstance(when, int)
-                        else open_table(self.lake.path(name), timestamp=when))
-            return snapshot_frame(self.spark, snapshot)
+            try:
+                return (self.lake.read(self.spark, name, version=when) if isinstance(when, int)
+                        else self.lake.read(self.spark, name, timestamp=when))
+            except ValueError as exc:
+                raise SqlError(str(exc)) from None
 
     def tables(self) -> pd.DataFrame:
         """Every registry table: version, rows, files, bytes, last commit, partitioning (from the Delta log).
@@ -185,9 +194,8 @@ class Database:
         >>> db.tables()[["name", "version", "rows"]]  # doctest: +SKIP
         """
         import pandas as pd
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        from deltalake import DeltaTable
+
+        from pipelines.lake.log import summary
 
         rows = []
         for name in self.lake.names():
@@ -196,25 +204,10 @@ class Database:
                                    "partitioned_by": ", ".join(spec.partition_by)}
             if row["exists"]:
                 with self._errors():
-                    table = DeltaTable(str(self.lake.path(name)))
-                    adds = pa.table(table.get_add_actions(flatten=True))
-                    last_commit = table.history(1)[0]["timestamp"]
+                    found = summary(self.lake.path(name))
                 # Row counts come from the files' stats, so listing stays instant on big tables.
-                records = adds.column("num_records") if "num_records" in adds.column_names else None
-                if adds.num_rows == 0:
-                    count = 0
-                elif records is None or records.null_count:
-                    count = None  # some file was committed without stats
-                else:
-                    count = pc.sum(records).as_py()
-                row.update(
-                    version=table.version(),
-                    rows=count,
-                    files=adds.num_rows,
-                    size_bytes=pc.sum(adds.column("size_bytes")).as_py() or 0,
-                    last_commit=_commit_time(last_commit),
-                    partitioned_by=", ".join(table.metadata().partition_columns),
-                )
+                row.update(version=found.version, rows=found.rows, files=found.files, size_bytes=found.size_bytes,
+                           last_commit=found.last_commit, partitioned_by=", ".join(found.partition_columns))
             rows.append(row)
         columns = ["name", "layer", "exists", "version", "rows", "files", "size_bytes", "last_commit", "partitioned_by"]
         frame = pd.DataFrame(rows, columns=columns)
@@ -226,21 +219,15 @@ class Database:
         >>> db.history("silver_dns", limit=5)  # doctest: +SKIP
         """
         import pandas as pd
-        from deltalake import DeltaTable
+
+        from pipelines.lake.log import commits
 
         if name not in self.lake.names() or not self.lake.exists(name):
             raise SqlError(self._unknown_table(name))
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 or None, got {limit}")
-        path = self.lake.path(name)
         with self._errors():
-            commits = DeltaTable(str(path)).history(limit)
-        rows = []
-        for commit in commits:
-            version = commit["version"]
-            rows.append({"version": version, "timestamp": _commit_time(commit["timestamp"]),
-                         "operation": commit.get("operation"),
-                         **_commit_actions(path / "_delta_log" / f"{version:020d}.json")})
+            rows = commits(self.lake.path(name), limit)
         columns = ["version", "timestamp", "operation", "app_id", "batch_id", "rows_added", "files_added"]
         frame = pd.DataFrame(rows, columns=columns)
         return frame.astype({c: "Int64" for c in ("version", "batch_id", "rows_added", "files_added")})
@@ -417,35 +404,6 @@ def _original_position(rewritten: str, edits: list[tuple[int, int, int]], line: 
 
     line_start = sum(len(part) + 1 for part in rewritten.split("\n")[:line - 1])
     return line, original(line_start + pos) - original(line_start)
-
-
-def _commit_time(millis: int) -> datetime:
-    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
-
-
-def _commit_actions(log_file: Path) -> dict[str, Any]:
-    """app_id/batch_id of the commit's txn, and rows/files it added, read from its log entry.
-
-    Values are None when log cleanup has removed the entry.
-    """
-    found: dict[str, Any] = {"app_id": None, "batch_id": None, "rows_added": None, "files_added": None}
-    try:
-        lines = log_file.read_text().splitlines()
-    except FileNotFoundError:
-        return found
-    rows, files, counted = 0, 0, True
-    for line in lines:
-        action = json.loads(line) if line.strip() else {}
-        if "txn" in action:
-            found.update(app_id=action["txn"]["appId"], batch_id=action["txn"]["version"])
-        add = action.get("add")
-        if add and add.get("dataChange", True):  # compaction re-adds rows it removed: not new data
-            files += 1
-            records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
-            counted = counted and records is not None
-            rows += records or 0
-    found.update(files_added=files, rows_added=rows if counted else None)
-    return found
 
 
 # ---- output -------------------------------------------------------------------------------------

@@ -1,1 +1,2 @@
-"""The table layer: the only code that touches Delta (Spark writes Parquet, delta-rs commits)."""
+"""The table layer: the only code that touches Delta (delta-spark for every read and write;
+delta-rs only for the JVM-free listings in `log.py`)."""

@@ -93,14 +93,32 @@ class Lake:
     def exists(self, name: str) -> bool:
         return (self.path(name) / "_delta_log").is_dir()
 
-    def ensure(self, name: str, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
+    def ensure(self, spark: SparkSession, name: str, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
         """Create `name` empty, with its registry schema and partitioning, unless it exists.
 
-        >>> Lake(Home.resolve("/tmp/x")).ensure("silver_dns")  # doctest: +SKIP
+        >>> Lake(Home.resolve("/tmp/x")).ensure(spark, "silver_dns")  # doctest: +SKIP
         True
         """
         spec = self.spec(name)
-        return create_empty(self.path(name), spec.schema, list(spec.partition_by), checkpoint_interval)
+        return create_empty(spark, self.path(name), spec.schema, list(spec.partition_by), checkpoint_interval)
+
+    def register(self, spark: SparkSession, names: list[str] | None = None) -> list[str]:
+        """Name the home's existing tables in `spark`'s catalog (`SELECT ... FROM silver_dns`); return them.
+
+        The catalog is in memory, one per JVM: every session registers by path, so no metastore
+        lock keeps a second reader out while the streams write.
+
+        >>> Lake(Home.resolve("/tmp/x")).register(spark)  # doctest: +SKIP
+        ['bronze_zeek', 'bronze_suricata', ...]
+        """
+        done = []
+        for name in names if names is not None else self.names():
+            if not self.exists(name):
+                continue
+            if not spark.catalog.tableExists(name):
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{self.path(name)}'")
+            done.append(name)
+        return done
 
     def sink(self, name: str, *, app_id: str | None = None) -> DeltaSink:
         """The exactly-once sink for `name`; the app_id defaults to the table name (one writer per table)."""

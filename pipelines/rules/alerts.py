@@ -7,7 +7,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.lake.read import read_table
-from pipelines.lake.sink import create_empty
 from pipelines.rules.spec import REQUIRED_COLUMNS, Rule, RuleError
 from pipelines.schemas import ALERTS_SCHEMA
 
@@ -54,15 +53,6 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
         "event_date": F.to_date(F.col("window_start")),
     }
     return rows.select(*[values[f.name].cast(f.dataType).alias(f.name) for f in ALERTS_SCHEMA.fields], *carry)
-
-
-def ensure_alerts_table(path: str | os.PathLike, checkpoint_interval: int = 100) -> None:
-    """Create the empty alerts table once, before any rule query writes to it.
-
-    Rule queries append concurrently (blind appends never conflict in delta-rs); only the
-    creation must not race, which `create_empty` guarantees.
-    """
-    create_empty(path, ALERTS_SCHEMA, list(ALERTS_PARTITION_BY), checkpoint_interval)
 
 
 def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule: Rule) -> DataFrame:

@@ -188,7 +188,7 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
 
 
 def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None, end: datetime | None) -> list[dict]:
-    missing = [t for t in rule.tables if not (table_path(lake, t) / "_delta_log").is_dir()]
+    missing = [t for t in rule.tables if not lake.exists(t)]
     if missing:
         raise ValueError(f"no table(s) {missing} under {lake.home.tables}: run the pipeline first")
 

@@ -27,8 +27,8 @@ from pyspark.sql.streaming import StreamingQuery
 from pipelines.jobs import RunningQuery, Starter
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import DeltaSink
-from pipelines.lake.source import read_stream
-from pipelines.rules.alerts import ALERTS_PARTITION_BY, alert_frame, ensure_alerts_table, unseen
+from pipelines.lake.source import check_resumable, read_stream
+from pipelines.rules.alerts import ALERTS_PARTITION_BY, alert_frame, unseen
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
 from pipelines.rules.tables import ALERTS_TABLE, table_path
@@ -65,12 +65,11 @@ class AlertWriter:
     >>> spark.sql(rule.sql).writeStream.foreachBatch(writer)  # doctest: +SKIP
     """
 
-    def __init__(self, alerts_path: str | os.PathLike, rule: Rule, app_id: str, checkpoint_interval: int = 100) -> None:
+    def __init__(self, alerts_path: str | os.PathLike, rule: Rule, app_id: str) -> None:
         self.rule = rule
         self.content_hash = rule.content_hash
         self.alerts_path = Path(alerts_path)
-        self.sink = DeltaSink(self.alerts_path, app_id=app_id, partition_by=ALERTS_PARTITION_BY,
-                              checkpoint_interval=checkpoint_interval)
+        self.sink = DeltaSink(self.alerts_path, app_id=app_id, partition_by=ALERTS_PARTITION_BY)
         self.history: list[RuleBatch] = []
         self.error: str | None = None
 
@@ -96,7 +95,7 @@ class AlertWriter:
         self.history.append(stats)
 
     def close(self) -> None:
-        self.sink.close()
+        """Nothing to release: every batch's commit is complete when the batch ends."""
 
 
 class RuleQuery:
@@ -212,13 +211,14 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
     """
     writer: AlertWriter | None = None
     try:
-        missing = [t for t in rule.tables if not (table_path(lake, t) / "_delta_log").is_dir()]
+        missing = [t for t in rule.tables if not lake.exists(t)]
         if missing:
             raise MissingInputError(f"rule {rule.slug}: input table(s) {missing} do not exist yet")
         checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+        check_resumable(checkpoint)
         app_id = claim_checkpoint(checkpoint, rule)
         alerts_path = table_path(lake, ALERTS_TABLE)
-        ensure_alerts_table(alerts_path, settings.checkpoint_interval)
+        lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
         session = rule_session(spark, streaming=True)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of
@@ -228,7 +228,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
              .createOrReplaceTempView(table))
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
-        writer = AlertWriter(alerts_path, rule, app_id, settings.checkpoint_interval)
+        writer = AlertWriter(alerts_path, rule, app_id)
         query = (rows.writeStream
                  .queryName(rule.query_name)
                  .outputMode("append")
