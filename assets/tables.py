@@ -30,7 +30,7 @@ from pipelines.lake.registry import Lake
 # at once (docs/dagster.md: `dagster instance concurrency set seclake_lake 1`).
 LAKE_POOL = "seclake_lake"
 
-# Transient failures (a delta-rs commit conflict, another writer still holding a table's lock)
+# Transient failures (a Delta commit conflict, a Python worker that timed out under load)
 # are retried after 5 s, 10 s, 20 s; a schema error raises Failure(allow_retries=False).
 RETRY_POLICY = RetryPolicy(max_retries=3, delay=5, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 

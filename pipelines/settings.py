@@ -22,7 +22,7 @@ class Settings:
     lease_watermark: str = "2 hours"
     # A lease is searched at most this far before an event: longest DHCP lease we expect (1 day).
     max_lease_age: str = "24 hours"
-    # delta-rs writes a log checkpoint every N commits so opening a table stays flat.
+    # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
 
     def with_overrides(self, overrides: dict[str, object]) -> "Settings":

@@ -14,8 +14,8 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # .ci/setup fetches the Delta jars here from Maven Central (pinned in .ci/jars.pom.xml).
 JARS_DIR = Path(__file__).resolve().parents[1] / ".jars"
 
-# Why each setting: timestamps must be TIMESTAMP_MICROS or delta-rs marks tables as needing
-# the timestampNanos reader feature (DESIGN.md); 2 cores gain nothing from 200 shuffle
+# Why each setting: timestamps must be TIMESTAMP_MICROS or other Delta readers (delta-rs, the
+# JVM-free listings) see tables as needing the timestampNanos reader feature (DESIGN.md); 2 cores gain nothing from 200 shuffle
 # partitions; RocksDB with changelog checkpointing keeps join/dedup state off the JVM heap
 # and makes state commits incremental.
 BASE_CONF: dict[str, str] = {

@@ -117,8 +117,9 @@ class _Pin:
 class Database:
     """Spark SQL over one home's tables; every statement reads one committed snapshot per table.
 
-    A DataFrame returned by `sql` or `table` stays on the snapshots it was made from; call again
-    for newer data. Spark starts on the first query, so `tables()` and `history()` are instant.
+    A DataFrame returned by `sql` or `table` reads one snapshot per table each time it runs: the
+    newest, unless pinned with `as_of` or `name@v12` (Delta's semantics). Spark starts on the
+    first query, so `tables()` and `history()` are instant.
 
     >>> db = connect(home="/tmp/x")  # doctest: +SKIP
     >>> db.sql("SELECT query, count(*) c FROM silver_dns GROUP BY query ORDER BY c DESC LIMIT 10").toPandas()  # doctest: +SKIP
@@ -315,9 +316,6 @@ def _inspect(text: str) -> _Found:
         for table in tree.find_all(exp.Table):
             if not isinstance(table.this, exp.Identifier):
                 continue  # a table-valued function such as range(10)
-            if table.args.get("version") is not None:
-                raise SqlError(f"write {table.name}@v12 or {table.name}@2026-11-20T10:00:00Z "
-                               "instead of VERSION AS OF / TIMESTAMP AS OF")
             tables.add(".".join(p.name for p in table.parts).lower())
         # DESCRIBE FUNCTION f also parses as a table: leave DESCRIBE's other names to Spark.
         return _Found(tables, {cte.alias.lower() for cte in tree.find_all(exp.CTE)},

@@ -328,11 +328,7 @@ def _writing_stage(name, frames_by_table, error=None):
         writer = _Writer()
         batch = _Batch()
         for table, make in frames_by_table.items():
-            sink = lake.sink(table, app_id=name)
-            try:
-                result = sink.write_batch(make(spark), 0)
-            finally:
-                sink.close()
+            result = lake.sink(table, app_id=name).write_batch(make(spark), 0)
             batch.rows[table], batch.versions[table] = result.rows, result.version
         writer.history.append(batch)
         return RunningQuery(name, _DoneQuery(error), writer, tuple(frames_by_table))
@@ -418,8 +414,8 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
                 f"pipelines.lake.schema.SchemaMismatchError: {error}\n SQLSTATE: 39000")
     name, _ = stages.python_cause(RuntimeError(jvm_text))
     assert stages.StageError("etl", "x", name, None).retriable is False
-    conflict, _ = stages.python_cause(RuntimeError("py4j...\ndeltalake.exceptions.CommitFailedError: conflict\n"))
-    assert conflict == "deltalake.exceptions.CommitFailedError"
+    conflict, _ = stages.python_cause(RuntimeError("py4j...\ndelta.exceptions.ConcurrentAppendException: conflict\n"))
+    assert conflict == "delta.exceptions.ConcurrentAppendException"
     assert stages.StageError("etl", "x", conflict, None).retriable is True
 
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from pyspark.sql import SparkSession
 
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
 from pipelines.home import Home
 from pipelines.jobs import AVAILABLE_NOW, report
 from pipelines.lake.registry import Lake
-from pipelines.lake.schema import spark_to_arrow
 from pipelines.schemas import ENRICHED_SCHEMAS, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
@@ -99,10 +97,11 @@ def sentinels(table: str, day: dt.datetime = at(0, day=1)) -> list[dict]:
 
 def commit(lake: Lake, table: str, rows: list[dict]) -> None:
     """Append `rows` to a silver table as one Delta commit (missing columns NULL)."""
-    schema = spark_to_arrow(SILVER_SCHEMAS[table])
-    full = [{**{name: None for name in schema.names}, "event_date": r["event_time"].date(), **r} for r in rows]
-    write_deltalake(str(lake.path(table)), pa.Table.from_pylist(full, schema=schema),
-                    partition_by=["event_date"], mode="append")
+    schema = SILVER_SCHEMAS[table]
+    full = [{**{name: None for name in schema.fieldNames()}, "event_date": r["event_time"].date(), **r} for r in rows]
+    spark = SparkSession.getActiveSession()
+    (spark.createDataFrame([tuple(r[n] for n in schema.fieldNames()) for r in full], schema)
+     .write.format("delta").mode("append").partitionBy("event_date").save(str(lake.path(table))))
 
 
 def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...]) -> dict:

@@ -1,21 +1,23 @@
-"""The table layer: streaming sink (exactly-once commits), batch read, time travel, interop with delta-rs."""
+"""The table layer on delta-spark: exactly-once sink commits, batch reads, time travel, schema
+evolution, deletion vectors, and the JVM-free log listings (delta-rs) of tables delta-spark wrote."""
 from __future__ import annotations
 
 import datetime as dt
-import decimal
+import json
 import time
+from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
-from pyspark.sql import Row
+from delta.tables import DeltaTable
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, DoubleType, IntegerType, LongType,
                                MapType, StringType, StructField, StructType, TimestampType)
 
-from pipelines.lake.read import UnsupportedTableError, read_table
+from pipelines.lake.log import commits, summary
+from pipelines.lake.read import is_table, read_table
 from pipelines.lake.schema import SchemaMismatchError
-from pipelines.lake.sink import ConcurrentWriterError, DeltaSink
+from pipelines.lake.sink import DeltaSink, create_empty, table_uri
 
 # Every Spark type the product's tables use.
 ALL_TYPES = StructType([
@@ -45,50 +47,94 @@ def _rows(n: int, offset: int = 0) -> list[tuple]:
     return out
 
 
-def _sink(path, app_id="q", **kw) -> DeltaSink:
-    return DeltaSink(path, app_id=app_id, partition_by=["event_date"], **kw)
+def _frame(spark, n: int, offset: int = 0):
+    return spark.createDataFrame(_rows(n, offset), ALL_TYPES)
+
+
+def _sink(path, app_id="q") -> DeltaSink:
+    return DeltaSink(path, app_id=app_id, partition_by=["event_date"])
+
+
+def _log_actions(table: Path, version: int) -> list[dict]:
+    text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _latest_version(spark, table: Path) -> int:
+    return DeltaTable.forPath(spark, str(table)).history(1).first().version
 
 
 def test_round_trip_all_types(spark, tmp_path):
-    frame = spark.createDataFrame(_rows(120), ALL_TYPES)
+    frame = _frame(spark, 120)
     sink = _sink(tmp_path / "t")
     result = sink.write_batch(frame, 0)
-    sink.close()
-    assert (result.version, result.rows) == (0, 120)
+    assert (result.table, result.batch_id, result.version, result.rows, result.skipped) == ("t", 0, 0, 120, False)
     back = read_table(spark, tmp_path / "t")
     assert back.schema == ALL_TYPES
     assert sorted(back.collect()) == sorted(frame.collect())
-    # The commit carries the partition values the reader relies on: two dates.
+    # Partitioned by event_date: the rows span two dates, one folder each.
+    assert sorted(p.name for p in (tmp_path / "t").glob("event_date=*")) == \
+        ["event_date=2026-11-20", "event_date=2026-11-21"]
     assert back.select("event_date").distinct().count() == 2
 
 
 def test_replayed_batch_commits_nothing(spark, tmp_path):
-    frame = spark.createDataFrame(_rows(10), ALL_TYPES)
-    sink = _sink(tmp_path / "t")
-    sink.write_batch(frame, 0)
-    sink.write_batch(frame, 1)
+    table = tmp_path / "t"
+    frame = _frame(spark, 10)
+    sink = _sink(table)
+    assert sink.write_batch(frame, 0).version == 0
+    assert sink.write_batch(frame, 1).version == 1
     replay = sink.write_batch(frame, 1)
     older = sink.write_batch(frame, 0)
-    sink.close()
-    assert replay.skipped and older.skipped
-    table = DeltaTable(str(tmp_path / "t"))
-    assert table.version() == 1
-    assert table.transaction_version("q") == 1
-    assert read_table(spark, tmp_path / "t").count() == 20
+    assert (replay.skipped, replay.version, replay.rows) == (True, None, 0)
+    assert older.skipped and older.version is None
+    assert _latest_version(spark, table) == 1
+    # The log records the app's txn in each commit it made.
+    txns = [a["txn"] for v in (0, 1) for a in _log_actions(table, v) if "txn" in a]
+    assert [(t["appId"], t["version"]) for t in txns] == [("q", 0), ("q", 1)]
+    assert read_table(spark, table).count() == 20
+    # Another app id is its own sequence: its batch 0 lands.
+    assert _sink(table, app_id="other").write_batch(frame, 0).version == 2
+    assert read_table(spark, table).count() == 30
+
+
+def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):
+    table = tmp_path / "t"
+    first, second = _sink(table), _sink(table)
+    assert first.write_batch(_frame(spark, 5), 0).version == 0
+    assert second.write_batch(_frame(spark, 5), 0).skipped
+    assert second.write_batch(_frame(spark, 7, 5), 1).version == 1
+    assert first.write_batch(_frame(spark, 7, 5), 1).skipped
+    ids = sorted(r.event_id for r in read_table(spark, table).select("event_id").collect())
+    assert ids == sorted(f"e{i}" for i in range(12))
+    assert _latest_version(spark, table) == 1
 
 
 class _CrashBeforeCommit(DeltaSink):
-    """Dies after Spark wrote the batch's Parquet files, before delta-rs committed them."""
+    """Dies after the batch's Parquet files are in the table folder, before any commit references them."""
 
-    def _commit(self, *args, **kwargs):
+    def write_batch(self, df, batch_id):
+        staged = Path(self.uri).parent / f"staged-{batch_id}"
+        df.write.partitionBy(*self.partition_by).parquet(str(staged))
+        for part in staged.rglob("part-*.parquet"):
+            target = Path(self.uri) / part.relative_to(staged)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part.rename(target)
         raise RuntimeError("injected crash between Parquet write and commit")
 
 
-def test_stream_killed_between_write_and_commit_is_exactly_once(spark, tmp_path):
-    landing = tmp_path / "in"
+class _CrashAfterCommit(DeltaSink):
+    """Commits the batch, then dies before the stream records the batch as done."""
+
+    def write_batch(self, df, batch_id):
+        super().write_batch(df, batch_id)
+        raise RuntimeError("injected crash after commit")
+
+
+def test_stream_killed_around_the_commit_is_exactly_once(spark, tmp_path):
+    landing, table, checkpoint = tmp_path / "in", tmp_path / "t", str(tmp_path / "ck")
     landing.mkdir()
     schema = "id BIGINT, event_date DATE"
-    checkpoint = str(tmp_path / "ck")
 
     def add_file(name, ids):
         spark.createDataFrame([(i, dt.date(2026, 11, 20)) for i in ids], schema).coalesce(1) \
@@ -100,126 +146,144 @@ def test_stream_killed_between_write_and_commit_is_exactly_once(spark, tmp_path)
         query = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(landing))
                  .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination()
-        finally:
-            sink.close()
+        query.awaitTermination(120)
+
+    def referenced():
+        return {r.path for r in spark.read.json(str(table / "_delta_log" / "*.json"))
+                .where("add IS NOT NULL").select("add.path").collect()}
 
     add_file("a", range(0, 100))
-    run(_sink(tmp_path / "t", app_id="ingest"))
+    run(_sink(table, app_id="ingest"))
     add_file("b", range(100, 200))
-    with pytest.raises(Exception, match="injected crash"):
-        run(_CrashBeforeCommit(tmp_path / "t", app_id="ingest", partition_by=["event_date"]))
-    # The crashed batch left Parquet files in the table folder that no commit references.
-    referenced = {a for a in pa.table(DeltaTable(str(tmp_path / "t")).get_add_actions())["path"].to_pylist()}
-    on_disk = {p.relative_to(tmp_path / "t").as_posix() for p in (tmp_path / "t").rglob("*.parquet")}
-    assert on_disk - referenced, "the crash should leave orphan files behind"
+    with pytest.raises(StreamingQueryException, match="injected crash between"):
+        run(_CrashBeforeCommit(table, app_id="ingest", partition_by=["event_date"]))
+    # The crashed batch left Parquet files in the table folder that no commit references ...
+    on_disk = {p.relative_to(table).as_posix() for p in table.rglob("*.parquet")}
+    assert on_disk - referenced(), "the crash should leave orphan files behind"
+    # ... which the table does not read.
+    assert read_table(spark, table).count() == 100
+    with pytest.raises(StreamingQueryException, match="injected crash after commit"):
+        run(_CrashAfterCommit(table, app_id="ingest"))  # batch "b" commits, the stream does not know
+    assert read_table(spark, table).count() == 200
     add_file("c", range(200, 300))
-    run(_sink(tmp_path / "t", app_id="ingest"))
-    ids = [r.id for r in read_table(spark, tmp_path / "t").select("id").collect()]
+    run(_sink(table, app_id="ingest"))  # replays batch "b" (skipped), then "c"
+    ids = [r.id for r in read_table(spark, table).select("id").collect()]
     assert sorted(ids) == list(range(300))
+    assert _latest_version(spark, table) == 2
 
 
-def test_two_writers_with_same_app_id_cannot_both_commit(spark, tmp_path):
-    frame = spark.createDataFrame(_rows(5), ALL_TYPES)
-    first, second = _sink(tmp_path / "t"), _sink(tmp_path / "t")
-    first.write_batch(frame, 0)
-    with pytest.raises(ConcurrentWriterError, match="app_id 'q'"):
-        second.write_batch(frame, 1)
-    first.close()
-    # Once the first writer is gone (process death releases the lock the same way) the second may go on.
-    assert second.write_batch(frame, 1).version == 1
-    second.close()
+def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_path):
+    table = tmp_path / "t"
+    schema = StructType([StructField("n", LongType(), False), StructField("event_date", DateType(), False)])
+    assert create_empty(spark, table, schema, ["event_date"], checkpoint_interval=2) is True
+    assert create_empty(spark, table, schema, ["event_date"]) is False
+    assert is_table(spark, table)
+    empty = read_table(spark, table)
+    assert empty.count() == 0
+    assert [(f.name, f.dataType, f.nullable) for f in empty.schema.fields] == \
+        [("n", LongType(), True), ("event_date", DateType(), True)]
+    detail = DeltaTable.forPath(spark, str(table)).detail().first()
+    assert detail.partitionColumns == ["event_date"]
+    assert detail.properties["delta.checkpointInterval"] == "2"
+    sink = DeltaSink(table, app_id="q", partition_by=["event_date"])
+    for batch in range(3):
+        sink.write_batch(spark.createDataFrame([(batch, dt.date(2026, 1, 1))], schema), batch)
+    assert (table / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
 
 
-def test_write_deltalake_tables_are_readable(spark, tmp_path):
-    table = pa.table({
-        "n": pa.array([1, 2, 3], pa.int64()),
-        "ts": pa.array([dt.datetime(2026, 1, 1, i, tzinfo=dt.timezone.utc) for i in range(3)], pa.timestamp("us", "UTC")),
-        "name": ["a", "b", None],
-        "d": pa.array([dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 2)]),
-    })
-    write_deltalake(str(tmp_path / "w"), table, partition_by=["d"])
-    write_deltalake(str(tmp_path / "w"), table.slice(0, 1), mode="append", partition_by=["d"])
-    rows = read_table(spark, tmp_path / "w").orderBy("n", "d").collect()
-    assert [(r.n, r.name, r.d.isoformat()) for r in rows] == [
-        (1, "a", "2026-01-01"), (1, "a", "2026-01-01"), (2, "b", "2026-01-02"), (3, None, "2026-01-02")]
-    assert rows[0].ts == dt.datetime(2026, 1, 1, 0, 0)  # session time zone is UTC
+def test_tables_delta_spark_wrote_are_listed_by_delta_rs(spark, tmp_path):
+    table = tmp_path / "t"
+    frame = _frame(spark, 50).drop("tags", "flow", "raw")
+    sink = _sink(table, app_id="silver")
+    sink.write_batch(frame.where("src_port < 20"), 3)
+    sink.write_batch(frame.where("src_port >= 20"), 4)
 
+    info = summary(table)
+    assert (info.version, info.rows, info.partition_columns) == (1, 50, ["event_date"])
+    on_disk = list(table.rglob("*.parquet"))
+    assert info.files == len(on_disk)
+    assert info.size_bytes == sum(p.stat().st_size for p in on_disk)
+    newest = commits(table)
+    assert [(c["version"], c["app_id"], c["batch_id"], c["rows_added"]) for c in newest] == \
+        [(1, "silver", 4, 30), (0, "silver", 3, 20)]
+    assert all(c["operation"] == "WRITE" for c in newest)
+    assert commits(table, limit=1)[0]["version"] == 1
+    # delta-rs reads the same rows.
+    from deltalake import DeltaTable as RsTable
 
-def test_our_tables_read_identically_by_delta_rs(spark, tmp_path):
-    frame = spark.createDataFrame(_rows(50), ALL_TYPES).drop("tags", "flow", "raw")
-    sink = _sink(tmp_path / "t")
-    sink.write_batch(frame.where("src_port < 25"), 0)
-    sink.write_batch(frame.where("src_port >= 25"), 1)
-    sink.close()
-    theirs = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
-    ours = [r.asDict() for r in read_table(spark, tmp_path / "t").collect()]
-    key = lambda r: r["event_id"]  # noqa: E731
-    for a, b in zip(sorted(theirs, key=key), sorted(ours, key=key)):
-        assert a["event_time"].replace(tzinfo=None) == b["event_time"]
-        a.pop("event_time"), b.pop("event_time")
-        assert a == b
-    assert len(theirs) == len(ours) == 50
+    theirs = sorted(r["event_id"] for r in RsTable(str(table)).to_pyarrow_table(columns=["event_id"]).to_pylist())
+    assert theirs == sorted(r.event_id for r in read_table(spark, table).collect())
 
 
 def test_time_travel_by_version_and_timestamp(spark, tmp_path):
-    sink = _sink(tmp_path / "t")
-    sink.write_batch(spark.createDataFrame(_rows(10), ALL_TYPES), 0)
-    time.sleep(1.1)
+    table = tmp_path / "t"
+    sink = _sink(table)
+    sink.write_batch(_frame(spark, 10), 0)
+    time.sleep(0.5)
     between = dt.datetime.now(dt.timezone.utc)
-    time.sleep(1.1)
-    sink.write_batch(spark.createDataFrame(_rows(15, 10), ALL_TYPES), 1)
-    sink.close()
-    assert read_table(spark, tmp_path / "t").count() == 25
-    assert read_table(spark, tmp_path / "t", version=0).count() == 10
-    assert read_table(spark, tmp_path / "t", timestamp=between).count() == 10
-    with pytest.raises(ValueError, match="no version 7"):
-        read_table(spark, tmp_path / "t", version=7)
+    time.sleep(0.5)
+    sink.write_batch(_frame(spark, 15, 10), 1)
+    assert read_table(spark, table).count() == 25
+    assert read_table(spark, table, version=0).count() == 10
+    assert read_table(spark, table, version=1).count() == 25
+    assert read_table(spark, table, timestamp=between).count() == 10
+    # A naive ISO text is UTC, as is a "Z" suffix.
+    assert read_table(spark, table, timestamp=between.replace(tzinfo=None).isoformat()).count() == 10
+    assert read_table(spark, table, timestamp=between.isoformat().replace("+00:00", "Z")).count() == 10
+    assert read_table(spark, table, timestamp=between.astimezone(dt.timezone(dt.timedelta(hours=5)))).count() == 10
+    with pytest.raises(ValueError, match="t has no version 7"):
+        read_table(spark, table, version=7).count()
+    with pytest.raises(ValueError, match="t has no version at or before 2001-01-01T00:00:00Z"):
+        read_table(spark, table, timestamp="2001-01-01T00:00:00Z").count()
+    with pytest.raises(ValueError, match="either version= or timestamp="):
+        read_table(spark, table, version=0, timestamp=between)
 
 
 def test_additive_schema_evolution_and_type_change_error(spark, tmp_path):
-    sink = _sink(tmp_path / "t")
-    frame = spark.createDataFrame(_rows(4), ALL_TYPES).select("event_id", "event_date", "orig_bytes")
+    table = tmp_path / "t"
+    sink = _sink(table)
+    frame = _frame(spark, 4).select("event_id", "event_date", "orig_bytes")
     sink.write_batch(frame, 0)
-    result = sink.write_batch(frame.withColumn("severity", F.lit(3)), 1)
-    assert result.schema_evolved == ["severity"]
-    back = read_table(spark, tmp_path / "t")
+    assert sink.write_batch(frame.withColumn("severity", F.lit(3)), 1).version == 1
+    back = read_table(spark, table)
     assert back.columns == ["event_id", "event_date", "orig_bytes", "severity"]
     assert back.where("severity IS NULL").count() == 4 and back.where("severity = 3").count() == 4
-    with pytest.raises(SchemaMismatchError, match="column 'orig_bytes' has type bigint in the table but string"):
-        sink.write_batch(frame.withColumn("orig_bytes", F.col("orig_bytes").cast("string")), 2)
-    sink.close()
-    assert DeltaTable(str(tmp_path / "t")).version() == 2  # failed write committed nothing
+    # A batch missing a column is fine too: the column is null in its rows.
+    assert sink.write_batch(frame, 2).version == 2
+    assert read_table(spark, table).where("severity IS NULL").count() == 8
+    with pytest.raises(SchemaMismatchError, match=r"table t: .*orig_bytes"):
+        sink.write_batch(frame.withColumn("orig_bytes", F.col("orig_bytes").cast("string")), 3)
+    assert _latest_version(spark, table) == 2  # the failed write committed nothing
+    assert read_table(spark, table).count() == 12
 
 
-def test_empty_batch_creates_table_once_and_then_commits_nothing(spark, tmp_path):
-    empty = spark.createDataFrame([], ALL_TYPES)
-    sink = _sink(tmp_path / "t")
-    assert sink.write_batch(empty, 0).version == 0
-    assert sink.write_batch(empty, 1).version is None
-    sink.close()
-    assert read_table(spark, tmp_path / "t").count() == 0
+def test_deletion_vectors_are_read(spark, tmp_path):
+    table = table_uri(tmp_path / "dv")
+    # Not `CREATE TABLE delta.`path` ... TBLPROPERTIES`: path identifiers need
+    # spark.sql.runSQLOnFiles, which seclake's sessions turn off. The first write sets the property.
+    spark.createDataFrame([], "n BIGINT, host STRING").write.format("delta") \
+        .option("delta.enableDeletionVectors", "true").save(table)
+    spark.range(0, 100, numPartitions=1).select("id", F.concat(F.lit("h"), F.col("id") % 3)) \
+        .toDF("n", "host").write.format("delta").mode("append").save(table)
+    assert DeltaTable.forPath(spark, table).detail().first().properties["delta.enableDeletionVectors"] == "true"
+    DeltaTable.forPath(spark, table).delete("n % 10 = 0")
 
-
-def test_log_checkpoint_every_n_commits(spark, tmp_path):
-    sink = _sink(tmp_path / "t", checkpoint_interval=3)
-    frame = spark.createDataFrame(_rows(2), ALL_TYPES)
-    for batch in range(7):
-        sink.write_batch(frame, batch)
-    sink.close()
-    checkpoints = sorted(p.name for p in (tmp_path / "t" / "_delta_log").glob("*.checkpoint.parquet"))
-    assert checkpoints, "expected delta-rs to write a log checkpoint"
-    assert read_table(spark, tmp_path / "t").count() == 14
-
-
-def test_unsupported_reader_features_fail_clearly(spark, tmp_path):
-    write_deltalake(str(tmp_path / "dv"), pa.table({"n": [1]}),
-                    configuration={"delta.enableDeletionVectors": "true"})
-    with pytest.raises(UnsupportedTableError, match="deletion vectors"):
-        read_table(spark, tmp_path / "dv")
+    # The DELETE wrote a deletion vector instead of rewriting the file.
+    delete = _log_actions(Path(table), 2)
+    assert any((a.get("add") or {}).get("deletionVector") for a in delete)
+    assert list(Path(table).glob("deletion_vector_*.bin"))
+    back = read_table(spark, table)
+    assert back.count() == 90
+    assert sorted(r.n for r in back.collect()) == [n for n in range(100) if n % 10]
+    assert read_table(spark, table, version=1).count() == 100
 
 
 def test_missing_table_is_a_clear_error(spark, tmp_path):
-    with pytest.raises(ValueError, match="no Delta table at .*nowhere"):
-        read_table(spark, tmp_path / "nowhere")
+    (tmp_path / "plain").mkdir()
+    for missing in (tmp_path / "nowhere", tmp_path / "plain"):
+        assert not is_table(spark, missing)
+        with pytest.raises(ValueError, match=f"no Delta table at {missing}$"):
+            read_table(spark, missing)
+    with pytest.raises(ValueError, match="app_id must be a non-empty string"):
+        DeltaSink(tmp_path / "t", app_id="")

@@ -1,36 +1,40 @@
-"""The seclake_delta streaming source: exactly once across restarts, read limits, start positions."""
+"""Streaming reads through delta-spark's source: exactly once across restarts, read limits, start
+positions, and the check that refuses checkpoints of seclake's earlier Python source."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
-
-from pipelines.lake.source import read_stream  # noqa: E402
+from pipelines.lake.source import OldCheckpointError, check_resumable, read_stream
 
 UTC = dt.timezone.utc
+EVENTS = "id BIGINT, ts TIMESTAMP, host STRING, event_date DATE"
 
 
-def events(first_id: int, count: int, day: int, host: str = "h1") -> pa.Table:
+def events(spark, first_id: int, count: int, day: int, host: str = "h1") -> DataFrame:
     """`count` rows with ids from `first_id`, one second apart on 2024-01-`day`."""
-    ts = [dt.datetime(2024, 1, day, 8, tzinfo=UTC) + dt.timedelta(seconds=i) for i in range(count)]
-    return pa.table({
-        "id": pa.array(range(first_id, first_id + count), pa.int64()),
-        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "host": pa.array([host] * count, pa.string()),
-        "event_date": pa.array([t.date() for t in ts], pa.date32()),
-    })
+    rows = []
+    for i in range(count):
+        ts = dt.datetime(2024, 1, day, 8, tzinfo=UTC) + dt.timedelta(seconds=i)
+        rows.append((first_id + i, ts, host, ts.date()))
+    return spark.createDataFrame(rows, EVENTS)
 
 
-def append(table: Path, *parts: pa.Table) -> None:
+def append(table: Path, *parts: DataFrame, **options: str) -> None:
     """One commit; one file per distinct event_date."""
-    write_deltalake(str(table), pa.concat_tables(parts), partition_by=["event_date"], mode="append")
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionByName(part, allowMissingColumns=True)
+    frame.coalesce(1).write.format("delta").mode("append").partitionBy("event_date").options(**options) \
+        .save(str(table))
 
 
 def run_available_now(spark, table: Path, checkpoint: Path, on_batch: Callable[[int], None] | None = None,
@@ -49,7 +53,7 @@ def run_available_now(spark, table: Path, checkpoint: Path, on_batch: Callable[[
              .option("checkpointLocation", str(checkpoint))
              .foreachBatch(handle)
              .start())
-    query.awaitTermination(120)
+    assert query.awaitTermination(120), "the availableNow query did not finish"
     return batches, [p["numInputRows"] for p in query.recentProgress]
 
 
@@ -59,55 +63,68 @@ def ids(batches: list[list]) -> list[int]:
 
 def test_each_row_exactly_once_across_restarts(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
-    append(table, events(0, 10, 1))
-    append(table, events(10, 5, 2), events(15, 5, 3))
+    append(table, events(spark, 0, 10, 1))
+    append(table, events(spark, 10, 5, 2), events(spark, 15, 5, 3))
     first, _ = run_available_now(spark, table, checkpoint)
 
-    append(table, events(20, 7, 3))
-    append(table, events(27, 3, 4, host="h2"))
+    append(table, events(spark, 20, 7, 3))
+    append(table, events(spark, 27, 3, 4, host="h2"))
     second, _ = run_available_now(spark, table, checkpoint, max_files=1)
     third, progress = run_available_now(spark, table, checkpoint)
 
     assert sorted(ids(first)) == list(range(20))
     assert sorted(ids(second)) == list(range(20, 30))
+    assert len([rows for rows in second if rows]) == 2  # one file per batch
     assert ids(third) == [] and sum(progress) == 0
     everything = ids(first) + ids(second) + ids(third)
     assert len(everything) == len(set(everything)) == 30
+    check_resumable(checkpoint)  # delta-spark's own offsets resume
 
 
 def test_a_batch_that_failed_is_replayed_with_the_same_files(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
-    append(table, events(0, 3, 1), events(3, 3, 2), events(6, 3, 3))
+    append(table, events(spark, 0, 3, 1), events(spark, 3, 3, 2), events(spark, 6, 3, 3))
     handled: list[int] = []
+    failed: list[list[int]] = []
 
     def fail_on_second_batch(df, batch_id):
-        rows = df.collect()
+        rows = [r.id for r in df.collect()]
         if batch_id == 1:
+            failed.append(rows)
             raise RuntimeError("sink down")
-        handled.extend(r.id for r in rows)
+        handled.extend(rows)
 
     def run(handler):
         query = (read_stream(spark, table, max_files=1).writeStream.trigger(availableNow=True)
                  .option("checkpointLocation", str(checkpoint)).foreachBatch(handler).start())
         query.awaitTermination(120)
 
+    replayed: list[list[int]] = []
+
+    def record(df, batch_id):
+        rows = [r.id for r in df.collect()]
+        if batch_id == 1:
+            replayed.append(rows)
+        handled.extend(rows)
+
     with pytest.raises(StreamingQueryException, match="sink down"):
         run(fail_on_second_batch)
     assert len(handled) == 3
-    run(lambda df, _: handled.extend(r.id for r in df.collect()))
+    run(record)
 
     assert sorted(handled) == list(range(9))
+    assert replayed == failed and len(failed[0]) == 3
 
 
 def test_read_limit_splits_one_commit_and_available_now_stops_at_its_start(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
-    append(table, events(0, 2, 1))
+    append(table, events(spark, 0, 2, 1))
     run_available_now(spark, table, checkpoint)
-    append(table, events(100, 3, 2), events(200, 5, 3), events(300, 7, 4))  # one commit, 3 files
+    append(table, events(spark, 100, 3, 2), events(spark, 200, 5, 3), events(spark, 300, 7, 4))  # 3 files
 
     def commit_while_running(batch_id):
         if batch_id == 1:
-            append(table, events(900, 1, 5))
+            append(table, events(spark, 900, 1, 5))
     batches, progress = run_available_now(spark, table, checkpoint, on_batch=commit_while_running, max_files=1)
     later, _ = run_available_now(spark, table, checkpoint, max_files=1)
 
@@ -119,8 +136,8 @@ def test_read_limit_splits_one_commit_and_available_now_stops_at_its_start(spark
 
 def test_byte_limit_admits_at_least_one_file(spark, tmp_path):
     table = tmp_path / "t"
-    append(table, events(0, 3, 1), events(3, 3, 2))
-    append(table, events(6, 3, 3))
+    append(table, events(spark, 0, 3, 1), events(spark, 3, 3, 2))
+    append(table, events(spark, 6, 3, 3))
 
     batches, progress = run_available_now(spark, table, tmp_path / "ck", max_bytes=1)
 
@@ -131,22 +148,23 @@ def test_byte_limit_admits_at_least_one_file(spark, tmp_path):
 def test_starting_version(spark, tmp_path):
     table = tmp_path / "t"
     for version in range(3):
-        append(table, events(version * 10, 2, version + 1))
+        append(table, events(spark, version * 10, 2, version + 1))
 
     from_one, _ = run_available_now(spark, table, tmp_path / "ck1", starting_version=1)
     from_latest, _ = run_available_now(spark, table, tmp_path / "ck2", starting_version="latest")
+    earliest, _ = run_available_now(spark, table, tmp_path / "ck3", starting_version="earliest")
 
     assert sorted(ids(from_one)) == [10, 11, 20, 21]
     assert ids(from_latest) == []
-    with pytest.raises(ValueError, match="startingVersion 7 is after the latest version 2"):
-        read_stream(spark, table, starting_version=7)
-    with pytest.raises(ValueError, match="startingVersion must be .* not 'first'"):
-        read_stream(spark, table, starting_version="first")
+    assert sorted(ids(earliest)) == [0, 1, 10, 11, 20, 21]
+    for bad in ("first", -1, 1.5):
+        with pytest.raises(ValueError, match=f"startingVersion must be .* not {bad!r}"):
+            read_stream(spark, table, starting_version=bad)
 
 
 def test_processing_time_trigger_picks_up_a_new_commit(spark, tmp_path):
     table = tmp_path / "t"
-    append(table, events(0, 4, 1))
+    append(table, events(spark, 0, 4, 1))
     seen: list[int] = []
     query = (read_stream(spark, table).writeStream
              .trigger(processingTime="200 milliseconds")
@@ -155,7 +173,7 @@ def test_processing_time_trigger_picks_up_a_new_commit(spark, tmp_path):
              .start())
     try:
         _wait_for(lambda: len(seen) >= 4, query)
-        append(table, events(4, 3, 2))
+        append(table, events(spark, 4, 3, 2))
         _wait_for(lambda: len(seen) >= 7, query)
     finally:
         query.stop()
@@ -174,30 +192,25 @@ def _wait_for(condition, query, timeout: float = 60) -> None:
 def test_partition_and_timestamp_values_round_trip(spark, tmp_path):
     table = tmp_path / "t"
     ts = [dt.datetime(2024, 3, 1, 23, 59, 59, 123456, tzinfo=UTC), dt.datetime(2024, 3, 2, tzinfo=UTC), None]
-    data = pa.table({
-        "id": pa.array([1, 2, 3], pa.int64()),
-        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "sensor": pa.array(["zeek a/b:c%", None, "suricata"], pa.string()),
-        "port": pa.array([53, 443, 53], pa.int32()),
-        "event_date": pa.array([dt.date(2024, 3, 1), dt.date(2024, 3, 2), None], pa.date32()),
-    })
-    write_deltalake(str(table), data, partition_by=["event_date", "sensor", "port"])
+    rows = [(1, ts[0], "zeek a/b:c%", 53, dt.date(2024, 3, 1)),
+            (2, ts[1], None, 443, dt.date(2024, 3, 2)),
+            (3, ts[2], "suricata", 53, None)]
+    spark.createDataFrame(rows, "id BIGINT, ts TIMESTAMP, sensor STRING, port INT, event_date DATE") \
+        .write.format("delta").partitionBy("event_date", "sensor", "port").save(str(table))
 
     batches, _ = run_available_now(spark, table, tmp_path / "ck", starting_version=0)
 
     got = sorted((r.asDict() for rows in batches for r in rows), key=lambda r: r["id"])
-    expected = data.to_pylist()
-    assert [(r["id"], r["sensor"], r["port"], r["event_date"]) for r in got] == \
-        [(r["id"], r["sensor"], r["port"], r["event_date"]) for r in expected]
+    assert [(r["id"], r["sensor"], r["port"], r["event_date"]) for r in got] == [r[:1] + r[2:] for r in rows]
     # Spark hands timestamps back in the session time zone (UTC), naive.
     assert [r["ts"] for r in got] == [t.replace(tzinfo=None) if t else None for t in ts]
 
 
 def test_added_column_reads_as_null_in_older_files(spark, tmp_path):
     table = tmp_path / "t"
-    append(table, events(0, 2, 1))
-    wider = events(2, 2, 1).append_column("user", pa.array(["alice", "bob"], pa.string()))
-    write_deltalake(str(table), wider, partition_by=["event_date"], mode="append", schema_mode="merge")
+    append(table, events(spark, 0, 2, 1))
+    wider = events(spark, 2, 2, 1).withColumn("user", F.when(F.col("id") == 2, "alice").otherwise("bob"))
+    append(table, wider, mergeSchema="true")
 
     batches, _ = run_available_now(spark, table, tmp_path / "ck", starting_version=0)
 
@@ -207,19 +220,53 @@ def test_added_column_reads_as_null_in_older_files(spark, tmp_path):
 
 def test_a_commit_that_removes_data_fails_the_stream(spark, tmp_path):
     table, checkpoint = tmp_path / "t", tmp_path / "ck"
-    append(table, events(0, 2, 1))
+    append(table, events(spark, 0, 2, 1))
     run_available_now(spark, table, checkpoint)
-    write_deltalake(str(table), events(5, 1, 1), partition_by=["event_date"], mode="overwrite")
+    events(spark, 5, 1, 1).write.format("delta").mode("overwrite").partitionBy("event_date").save(str(table))
 
-    with pytest.raises(StreamingQueryException, match="append-only"):
+    with pytest.raises(StreamingQueryException, match="DELTA_SOURCE_TABLE_IGNORE_CHANGES"):
         run_available_now(spark, table, checkpoint)
 
 
 def test_missing_table_and_bad_options_are_value_errors(spark, tmp_path):
     (tmp_path / "plain").mkdir()
     for missing in (tmp_path / "nope", tmp_path / "plain"):  # no folder; a folder without a log
-        with pytest.raises(ValueError, match=f"no Delta table at {missing}; create it"):
+        with pytest.raises(ValueError, match=f"no Delta table at {missing}$"):
             read_stream(spark, missing)
-    append(tmp_path / "t", events(0, 1, 1))
-    with pytest.raises(ValueError, match="maxFilesPerTrigger must be a positive integer, not '0'"):
-        read_stream(spark, tmp_path / "t", max_files=0)
+    append(tmp_path / "t", events(spark, 0, 1, 1))
+    for bad in (0, -3, True, "5"):
+        with pytest.raises(ValueError, match=f"maxFilesPerTrigger must be a positive integer, not {bad!r}"):
+            read_stream(spark, tmp_path / "t", max_files=bad)
+    with pytest.raises(ValueError, match="maxBytesPerTrigger must be a positive integer, not 0"):
+        read_stream(spark, tmp_path / "t", max_bytes=0)
+
+
+def _offsets(checkpoint: Path, batch: int, *lines: str) -> None:
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "offsets" / str(batch)).write_text("\n".join(lines))
+
+
+METADATA = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1700000000000, "conf": {}})
+
+
+def test_check_resumable_refuses_the_old_python_source_offsets(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    _offsets(old, 0, "v1", METADATA, '{"version":3,"index":0,"snapshot":false}')
+    with pytest.raises(OldCheckpointError, match=f"checkpoint {old} was written by seclake's Python Delta source"):
+        check_resumable(old)
+
+    delta_offset = json.dumps({"sourceVersion": 1, "reservoirId": "0f3c-...", "reservoirVersion": 3,
+                               "index": -1, "isStartingVersion": False})
+    _offsets(new, 0, "v1", METADATA, delta_offset)
+    check_resumable(new)
+    # The newest offsets file decides: an old checkpoint that has since been written by Delta is fine,
+    _offsets(old, 1, "v1", METADATA, delta_offset)
+    check_resumable(old)
+    # and one whose newest batch is the old format is not.
+    _offsets(new, 10, "v1", METADATA, '{"version":7,"index":2,"snapshot":true}')
+    with pytest.raises(OldCheckpointError):
+        check_resumable(new)
+    # No checkpoint yet, or one without offsets: nothing to refuse.
+    check_resumable(tmp_path / "none")
+    (tmp_path / "empty" / "offsets").mkdir(parents=True)
+    check_resumable(tmp_path / "empty")

@@ -37,10 +37,7 @@ LONG = "6a1f0e9c2b7d4e8f3a5c6b1d0e2f4a7c9b8d3e1f5a6c7b0d2e4f.9c2b7d4e8f3a5c6b1d0
 def append(spark, lake: Lake, table: str, batch_id: int, items: list[dict], defaults: dict | None = None) -> None:
     rows = expand_rows(table, items, defaults)
     sink = DeltaSink(lake.home.table(table), app_id="test-input", partition_by=["event_date"])
-    try:
-        sink.write_batch(spark.createDataFrame(rows, table_schema(table)), batch_id)
-    finally:
-        sink.close()
+    sink.write_batch(spark.createDataFrame(rows, table_schema(table)), batch_id)
 
 
 def dga_burst(at: str, prefix: str) -> dict:

@@ -52,10 +52,14 @@ def vacuum(spark: SparkSession, path: str | os.PathLike, retention_hours: float 
     if retention_hours < 0:
         raise ValueError(f"retention_hours must be >= 0, not {retention_hours!r}")
     uri = _existing(spark, path)
+    # `delta.`<path>`` names a table only with spark.sql.runSQLOnFiles on, which seclake's sessions
+    # turn off: run VACUUM in a child session (same SparkContext and catalog, its own SQL conf).
+    session = spark.newSession()
+    session.conf.set("spark.sql.runSQLOnFiles", "true")
     statement = f"VACUUM delta.`{uri}` RETAIN {retention_hours} HOURS"
-    listed = [row.path for row in spark.sql(statement + " DRY RUN").collect()]
+    listed = [row.path for row in session.sql(statement + " DRY RUN").collect()]
     if not dry_run and listed:
-        spark.sql(statement).collect()
+        session.sql(statement).collect()
     root = uri.rstrip("/") + "/"
     return sorted(p.removeprefix("file:").removeprefix(root) for p in listed)
 

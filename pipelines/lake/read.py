@@ -43,7 +43,7 @@ def read_table(spark: SparkSession, path: str | os.PathLike, *, version: int | N
     except PySparkException as exc:
         condition = exc.getCondition() or ""
         if "VERSION" in condition or "TIMESTAMP" in condition:
-            when = f"version {version}" if version is not None else f"a version at or before {timestamp}"
+            when = f"version {version}" if version is not None else f"version at or before {timestamp}"
             raise ValueError(f"{name} has no {when}: {str(exc).splitlines()[0]}") from None
         raise
 

@@ -61,6 +61,8 @@ def _specs() -> dict[str, TableSpec]:
 
 
 TABLES: dict[str, TableSpec] = {}
+# name -> table location registered in this process's (one JVM's) catalog
+_REGISTERED: dict[str, str] = {}
 
 
 class Lake:
@@ -91,7 +93,8 @@ class Lake:
         return self.home.table(self.spec(name).name)
 
     def exists(self, name: str) -> bool:
-        return (self.path(name) / "_delta_log").is_dir()
+        """True once the table's first commit is in its log (the log folder appears before it)."""
+        return next((self.path(name) / "_delta_log").glob("*.json"), None) is not None
 
     def ensure(self, spark: SparkSession, name: str, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
         """Create `name` empty, with its registry schema and partitioning, unless it exists.
@@ -105,8 +108,9 @@ class Lake:
     def register(self, spark: SparkSession, names: list[str] | None = None) -> list[str]:
         """Name the home's existing tables in `spark`'s catalog (`SELECT ... FROM silver_dns`); return them.
 
-        The catalog is in memory, one per JVM: every session registers by path, so no metastore
-        lock keeps a second reader out while the streams write.
+        The catalog is in memory, one per JVM: every process registers by path, so no metastore
+        lock keeps a second reader out while the streams write. A name registered for another
+        home in this JVM is pointed at this one (only the catalog entry changes, never the data).
 
         >>> Lake(Home.resolve("/tmp/x")).register(spark)  # doctest: +SKIP
         ['bronze_zeek', 'bronze_suricata', ...]
@@ -115,8 +119,12 @@ class Lake:
         for name in names if names is not None else self.names():
             if not self.exists(name):
                 continue
-            if not spark.catalog.tableExists(name):
-                spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{self.path(name)}'")
+            location = str(self.path(name))
+            if _REGISTERED.get(name) != location or not spark.catalog.tableExists(name):
+                # External tables: DROP forgets the name, the files stay.
+                spark.sql(f"DROP TABLE IF EXISTS {name}")
+                spark.sql(f"CREATE TABLE {name} USING delta LOCATION '{location}'")
+                _REGISTERED[name] = location
             done.append(name)
         return done
 

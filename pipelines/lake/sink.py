@@ -105,13 +105,15 @@ def create_empty(spark: SparkSession, path: str | os.PathLike, schema: StructTyp
     uri = table_uri(path)
     if DeltaTable.isDeltaTable(spark, uri):
         return False
-    builder = (DeltaTable.createIfNotExists(spark).location(uri).addColumns(as_nullable(schema))
-               .property("delta.checkpointInterval", str(checkpoint_interval)))
+    # An empty write, not DeltaTable.createIfNotExists: with spark.sql.runSQLOnFiles=false the
+    # builder commits version 0 and then fails registering `delta.<path>` in the catalog.
+    writer = (spark.createDataFrame([], as_nullable(schema)).write.format("delta").mode("errorifexists")
+              .option("delta.checkpointInterval", str(checkpoint_interval)))
     if partition_by:
-        builder = builder.partitionedBy(*partition_by)
+        writer = writer.partitionBy(*partition_by)
     try:
         with delta_errors(uri.rsplit("/", 1)[-1]):
-            builder.execute()
+            writer.save(uri)
     except Exception:
         if DeltaTable.isDeltaTable(spark, uri):
             return False  # another creator won the race
