@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[1]
 RESTARTS = int(os.environ.get("SECLAKE_FAULT_RESTARTS", "20"))
 SEED = int(os.environ.get("SECLAKE_FAULT_SEED", "20261120"))
-STAGING = "_staging-"
+PARQUET_MAGIC = b"PAR1"
 # Which (sensor, kind) counts of the manifest feed each silver table.
 SILVER_FEEDS = {
     "silver_dns": [("zeek", "dns"), ("suricata", "dns")],
@@ -65,14 +65,29 @@ def deliver(src: Path, landing: Path, sensor: str) -> Path:
     return folder / src.name
 
 
+def commit_files(path: Path) -> int:
+    """Commit files in a table's log (a cheap listing). delta-spark creates `_delta_log` before
+    it writes the first commit, so the folder alone does not make a table."""
+    try:
+        return sum(1 for f in os.scandir(path / "_delta_log")
+                   if f.name.endswith(".json") and not f.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+
+
+def committed(path: Path) -> bool:
+    """True once the table has its first commit."""
+    return commit_files(path) > 0
+
+
 def tables_in(home: Home) -> list[str]:
     if not home.tables.is_dir():
         return []
-    return sorted(p.name for p in home.tables.iterdir() if (p / "_delta_log").is_dir())
+    return sorted(p.name for p in home.tables.iterdir() if committed(p))
 
 
 def version(path: Path) -> int | None:
-    return DeltaTable(str(path)).version() if (path / "_delta_log").is_dir() else None
+    return DeltaTable(str(path)).version() if committed(path) else None
 
 
 def read_columns(path: Path, columns: list[str]) -> dict[str, list]:
@@ -102,28 +117,44 @@ def duplicates(keys: collections.Counter) -> list:
     return [k for k, n in keys.items() if n > 1]
 
 
-def leftovers(path: Path) -> tuple[set[str], set[str]]:
-    """(staging folders, Parquet files no commit references) in a table folder."""
-    staging = {p.name for p in path.glob(f"{STAGING}*")}
-    referenced = set()
-    if (path / "_delta_log").is_dir():
-        adds = DeltaTable(str(path)).get_add_actions(flatten=True).column("path").to_pylist()
-        referenced = {os.path.normpath(unquote(p)) for p in adds}
+def table_files(path: Path) -> set[str]:
+    """The Parquet data files on disk in a table folder (its partition folders, or the folder
+    itself when unpartitioned), relative to it; not the log's checkpoints, not hidden files."""
     on_disk = set()
     for p in path.rglob("*.parquet"):
         rel = p.relative_to(path)
-        if rel.parts[0].startswith(("_", ".")):
+        if any(part.startswith(("_", ".")) for part in rel.parts):
             continue
         on_disk.add(os.path.normpath(str(rel)))
-    return staging, on_disk - referenced
+    return on_disk
 
 
-def staged(folder: Path) -> bool:
-    """True when a staging folder holds the batch's finished Parquet files (Spark's job commit
-    moved them out of `_temporary`): the write is done, the delta-rs commit is not."""
+def referenced(path: Path) -> set[str]:
+    """The data files the table's latest version references (its add actions, read with delta-rs)."""
+    if not committed(path):
+        return set()
+    adds = DeltaTable(str(path)).get_add_actions(flatten=True).column("path").to_pylist()
+    return {os.path.normpath(unquote(p)) for p in adds}
+
+
+def leftovers(path: Path) -> set[str]:
+    """Parquet files in a table's partition folders that no commit references: delta-spark writes
+    a batch's files straight into the partitions, then commits; a crash or a failed commit in
+    between leaves them (readers never see them, VACUUM removes them)."""
+    return table_files(path) - referenced(path)
+
+
+def complete(file: Path) -> bool:
+    """True when `file` is a whole Parquet file (magic at both ends): its writer closed it. A
+    file a task is still writing (or was killed writing) has no footer yet."""
     try:
-        return any(p for p in folder.rglob("*.parquet") if "_temporary" not in p.relative_to(folder).parts)
-    except FileNotFoundError:  # Spark removed `_temporary` (or the sink the folder) while we looked
+        with open(file, "rb") as handle:
+            head = handle.read(4)
+            if handle.seek(0, os.SEEK_END) < 12:
+                return False
+            handle.seek(-4, os.SEEK_END)
+            return head == PARQUET_MAGIC and handle.read(4) == PARQUET_MAGIC
+    except FileNotFoundError:
         return False
 
 
@@ -142,7 +173,7 @@ def compare_with_reference(run: Home, reference: Home, manifest: dict | None = N
     assert ref_tables, "the reference run wrote no table"
     for name in ref_tables:
         ref = row_keys(reference.table(name), name)
-        got = row_keys(run.table(name), name) if (run.table(name) / "_delta_log").is_dir() else collections.Counter()
+        got = row_keys(run.table(name), name) if committed(run.table(name)) else collections.Counter()
         missing = ref - got
         extra = got - ref
         assert not missing and not extra, (
@@ -218,7 +249,8 @@ def _wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float)
 
 
 def _data_files(home: Home) -> set[str]:
-    """Parquet files in the tables' partition folders (not staging, not the log)."""
+    """Parquet files in the tables' partition folders (not the log), as absolute paths; a cheap
+    listing, polled while the stream runs."""
     found = set()
     if not home.tables.is_dir():
         return found
@@ -237,21 +269,46 @@ def _data_files(home: Home) -> set[str]:
 
 
 def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.Popen, timeout: float) -> float:
-    """Poll (every ~10 ms) until the sink reached its write -> commit window `nth` times: a
-    staging folder whose Parquet files are finished, or new data files in a table's partitions
-    (moved there right before the commit). Return the seconds waited."""
+    """Poll (every ~10 ms) until a sink is seen in its write -> commit window for the `nth` time,
+    and return the seconds waited.
+
+    delta-spark writes a batch's Parquet files straight into the table's partition folders, then
+    commits them. The window is seen when a table has new data files (not in `known`) that are
+    all complete Parquet files, that the latest version does not reference (checked with
+    delta-rs), and that are still the same files with no new commit one poll later (so the
+    write has stopped adding files and the commit has not landed). A batch whose files were
+    already committed when first seen is missed and not counted."""
     started = time.monotonic()
-    events: set[str] = set()
+    seen = 0
+    pending: dict[str, tuple[frozenset, int]] = {}  # table -> (its new unreferenced files, its commit count)
     while time.monotonic() - started < timeout and proc.poll() is None:
-        for folder in home.tables.glob(f"*/{STAGING}*"):
-            if str(folder) not in events and staged(folder):
-                events.add(str(folder))
-        new = _data_files(home) - known
-        if new:
-            events.add(min(new))  # one event per appearance of a batch's files
-            known |= new
-        if len(events) >= nth:
-            break
+        by_table: dict[str, set[str]] = collections.defaultdict(set)
+        for f in _data_files(home) - known:
+            by_table[Path(f).relative_to(home.tables).parts[0]].add(f)
+        for table in set(pending) - set(by_table):
+            del pending[table]
+        for table, new in by_table.items():
+            path = home.table(table)
+            if not all(complete(Path(f)) for f in new):
+                pending.pop(table, None)  # a task is still writing
+                continue
+            commits = commit_files(path)
+            if table in pending:
+                files, commits_then = pending.pop(table)
+                if files == frozenset(new) and commits == commits_then:
+                    seen += 1
+                    known |= new
+                    if seen >= nth:
+                        return time.monotonic() - started
+                continue
+            try:
+                unreferenced = {f for f in new if os.path.relpath(f, path) not in referenced(path)}
+            except Exception:  # a log the writer is changing while we read it: look again
+                continue
+            if unreferenced != new:
+                known |= new  # committed before we looked: missed
+                continue
+            pending[table] = (frozenset(new), commits)
         time.sleep(0.01)
     return time.monotonic() - started
 
@@ -260,8 +317,7 @@ def _commits(home: Home) -> dict[str, int]:
     """Commit files per table (a cheap directory listing: polled while the stream runs)."""
     if not home.tables.is_dir():
         return {}
-    return {t.name: sum(1 for f in os.scandir(t.path + "/_delta_log") if f.name.endswith(".json"))
-            for t in os.scandir(home.tables) if os.path.isdir(t.path + "/_delta_log")}
+    return {t.name: commit_files(Path(t.path)) for t in os.scandir(home.tables) if t.is_dir()}
 
 
 def _wait_for_commit(home: Home, before: dict[str, int], proc: subprocess.Popen, timeout: float) -> float:
@@ -294,16 +350,15 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     cmd = seclake("stream", "--home", str(home.root), "--set", "trigger_interval=1 second",
                   "--set", "max_files_per_trigger=1", "--report-every", "5")
     kills = []
-    seen_staging: dict[str, set] = collections.defaultdict(set)
     seen_orphans: dict[str, set] = collections.defaultdict(set)
     for restart in range(RESTARTS):
         log = tmp_path / f"stream-{restart}.log"
         # Kill points, in a cycle of four:
-        #   "from start" (x2): 2-25 s after the process starts: JVM start-up, query start, batches;
+        #   "from start": 2-25 s after the process starts: JVM start-up, query start, batches;
         #   "after Spark up": 2-25 s after the session is up: query start, replay, batches, commits;
-        #   "in the write -> commit window": the k-th time (k = 1..4) the sink is between its
-        #   Parquet write and its delta-rs commit: a staging folder holds finished files, or
-        #   new files appear in a table's partitions (moved there right before the commit).
+        #   "in the write -> commit window": the k-th time (k = 1..4) a sink is seen between its
+        #   Parquet write and its Delta commit: a table has new, complete Parquet files in its
+        #   partition folders that no commit references yet (see _wait_for_sink_step).
         #   "after a commit": 0-3 s after the first commit of this run (any table), so that
         #   every cycle makes progress and later kills land on new batches, not the same replay.
         mode = ("after a commit", "from start", "in the write -> commit window", "after Spark up")[restart % 4]
@@ -341,28 +396,25 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        # What did this kill leave behind? New staging folders = killed while Spark wrote the
-        # batch's Parquet; new unreferenced files in the partitions = killed after the files
-        # were moved into place and before delta-rs committed them.
-        # A staging folder with finished files or new unreferenced files = the kill landed after
-        # the batch's Parquet write and before its commit; a staging folder with only Spark's
-        # `_temporary` output = during the write.
-        new_staging, new_staged, new_orphans, where = 0, 0, 0, []
-        for name in sorted({p.name for p in home.tables.iterdir() if p.is_dir() and p.name[0] != "."}):
+        # What did this kill leave behind? New Parquet files that no commit references: the kill
+        # landed after (some of) a batch's Parquet files were written and before its commit. If
+        # one of them is incomplete (no footer), a task was still writing: "during the write";
+        # if all are complete Parquet files, "between write and commit" (as far as the files on
+        # disk can tell: a task that had not opened its file yet leaves no trace).
+        n_writing, n_written, orphan_files, where = 0, 0, 0, []
+        for name in sorted(p.name for p in home.tables.iterdir() if p.is_dir() and p.name[0] != "."):
             path = home.table(name)
-            staging, orphans = leftovers(path)
-            for folder in staging - seen_staging[name]:
-                if staged(path / folder):
-                    new_staged += 1
-                    where.append(f"{name}: staged, not committed")
+            new = leftovers(path) - seen_orphans[name]
+            if new:
+                partial = sum(1 for f in new if not complete(path / f))
+                orphan_files += len(new)
+                if partial:
+                    n_writing += 1
+                    where.append(f"{name}: writing ({partial} of {len(new)} new files incomplete)")
                 else:
-                    new_staging += 1
-                    where.append(f"{name}: writing")
-            if orphans - seen_orphans[name]:
-                new_orphans += len(orphans - seen_orphans[name])
-                where.append(f"{name}: moved, not committed")
-            seen_staging[name] |= staging
-            seen_orphans[name] |= orphans
+                    n_written += 1
+                    where.append(f"{name}: {len(new)} file(s) written, not committed")
+            seen_orphans[name] |= new
         # No duplicate may ever be visible, not even between restarts.
         for name in tables_in(home):
             dups = duplicates(row_keys(home.table(name), name))
@@ -372,8 +424,8 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
                       "commits": sum(n - commits_before.get(t, 0) for t, n in commits_after.items()),
                       "at_s": round(time.monotonic() - started, 1),
                       "startup_s": round(up - started, 1) if up else None,
-                      "killed_during_write": new_staging, "killed_after_write_in_staging": new_staged,
-                      "killed_after_move_unreferenced_files": new_orphans, "where": where,
+                      "killed_during_write": n_writing, "killed_between_write_and_commit": n_written,
+                      "unreferenced_files_left": orphan_files, "where": where,
                       "versions": {n: version(home.table(n)) for n in tables_in(home)}})
     timings["kill_phase_s"] = round(time.monotonic() - test_started - timings["bootstrap_s"])
     # Everything else arrives; one clean run drains it (the same CLI, run-once this time).
@@ -403,16 +455,18 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     from pipelines.lake.maintenance import vacuum
     left = {}
     for name in tables_in(home):
-        staging, orphans = leftovers(home.table(name))
-        if staging or orphans:
-            left[name] = (len(staging), len(orphans))
+        orphans = leftovers(home.table(name))
+        if orphans:
+            left[name] = len(orphans)
             keys = row_keys(home.table(name), name)
-            vacuum(home.table(name), retention_hours=0)
-            assert leftovers(home.table(name)) == (set(), set()), name
+            removed = vacuum(spark, home.table(name), retention_hours=0)
+            assert orphans <= {os.path.normpath(unquote(f)) for f in removed}, (name, orphans, removed)
+            assert not leftovers(home.table(name)), name
             assert row_keys(home.table(name), name) == keys, name
+    assert left or not any(k["where"] for k in kills), "kills left files behind, the final check found none"
     timings["total_s"] = round(time.monotonic() - test_started)
 
-    between = sum(1 for k in kills if k["killed_after_write_in_staging"] or k["killed_after_move_unreferenced_files"])
+    between = sum(1 for k in kills if k["killed_between_write_and_commit"])
     during_write = sum(1 for k in kills if k["killed_during_write"])
     summary = {"restarts": len(kills), "commits_during_kill_phase": progressed,
                "kills_between_write_and_commit": between,
@@ -678,32 +732,55 @@ class DiskFiller:
     """Fills a file system to the last byte at a chosen moment (as another process writing a
     big file would), and frees it again."""
 
-    def __init__(self, mountpoint: Path) -> None:
-        self.path = mountpoint / "filler.bin"
+    def __init__(self, mountpoint: Path, name: str = "filler.bin") -> None:
+        self.path = mountpoint / name
 
     def fill(self) -> None:
+        """Never raises ENOSPC itself: the failure under test must be the pipeline's own."""
         st = os.statvfs(self.path.parent)
-        with open(self.path, "ab") as handle:
+        # Unbuffered: a buffered file would retry its last write on close and raise ENOSPC here.
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
             try:
-                os.posix_fallocate(handle.fileno(), self.path.stat().st_size, st.f_bavail * st.f_frsize)
+                os.posix_fallocate(fd, os.fstat(fd).st_size, st.f_bavail * st.f_frsize)
             except OSError:
                 pass
-            try:  # whatever fallocate left, byte by page
-                while True:
-                    handle.write(b"\0" * 4096)
-                    handle.flush()
-            except OSError:
-                pass
+            for chunk in (b"\0" * 4096, b"\0"):  # whatever fallocate left: by page, then by byte
+                try:
+                    while os.write(fd, chunk):
+                        pass
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
 
     def free(self) -> None:
         self.path.unlink(missing_ok=True)
 
 
+def _tmpfs_over(folder: Path, size: str) -> bool:
+    """Mount a small tmpfs on an existing folder, keeping its contents (copied in)."""
+    saved = folder.with_name(folder.name + ".saved")
+    shutil.copytree(folder, saved)
+    if not _tmpfs(folder, size):
+        shutil.rmtree(saved)
+        return False
+    shutil.copytree(saved, folder, dirs_exist_ok=True)
+    shutil.rmtree(saved)
+    return True
+
+
 def test_full_disk_fails_clearly_commits_nothing_partial_and_resumes(spark, two_files, tmp_path, monkeypatch):
     """The disk fills up in the middle of an ETL batch, twice: first right before silver_dns's
-    Parquet write, then (on the replay) between silver_conn's Parquet write and its delta-rs
-    commit. Each time the run fails with ENOSPC, no table gets a partial commit, and after the
-    space is freed the stream resumes exactly once."""
+    Parquet write, then (on the replay) where silver_conn's Parquet write succeeds and its Delta
+    commit does not. Each time the run fails with ENOSPC, no table gets a partial commit, and
+    after the space is freed the stream resumes exactly once.
+
+    delta-spark writes and commits inside one `save()`, so nothing in Python runs between the two.
+    For the second point, silver_conn's `_delta_log` is a file system of its own (a second small
+    tmpfs), filled before the batch: the Parquet files go to the home's disk, which has room,
+    and the commit (Delta writes nothing to the log before it) is the first write that hits the
+    full one."""
     from pipelines.lake.sink import DeltaSink
 
     eve, reference = two_files
@@ -711,35 +788,45 @@ def test_full_disk_fails_clearly_commits_nothing_partial_and_resumes(spark, two_
     if not _tmpfs(disk, "64m"):
         pytest.skip("cannot mount a small tmpfs here (needs root with CAP_SYS_ADMIN); "
                     "test_unwritable_table_... covers the write-failure path")
+    mounts = [disk]
     filler = DiskFiller(disk)
     try:
         home = Home.resolve(disk / "home").create()
         deliver(eve[0], home.landing, "suricata")
         first = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])[0]
         assert first.error is None, first.line()
+        conn_log = home.table("silver_conn") / "_delta_log"
+        assert committed(home.table("silver_conn")) and _tmpfs_over(conn_log, "4m"), "second tmpfs"
+        mounts.insert(0, conn_log)
+        log_filler = DiskFiller(conn_log, ".filler.bin")  # a hidden name: Delta's log listing skips it
         deliver(eve[1], home.landing, "suricata")
-        write_batch, commit = DeltaSink.write_batch, DeltaSink._commit
-        phases = [("before silver_dns's Parquet write", "write_batch", "silver_dns"),
-                  ("between silver_conn's Parquet write and its commit", "_commit", "silver_conn")]
-        for label, method, table in phases:
-            def hook(self, *args, _method=method, _table=table, **kwargs):
+        write_batch = DeltaSink.write_batch
+        phases = [("before silver_dns's Parquet write", filler, "silver_dns"),
+                  ("between silver_conn's Parquet write and its commit", log_filler, "silver_conn")]
+        for label, which, table in phases:
+            def hook(self, *args, _which=which, _table=table, **kwargs):
                 if self.name == _table:
-                    filler.fill()
-                return (write_batch if _method == "write_batch" else commit)(self, *args, **kwargs)
-            monkeypatch.setattr(DeltaSink, method, hook)
+                    _which.fill()
+                return write_batch(self, *args, **kwargs)
+            monkeypatch.setattr(DeltaSink, "write_batch", hook)
             before = _snapshot(home)
+            orphans_before = leftovers(home.table(table))
             try:
                 line, text = _run_failing(spark, home)
             finally:
                 monkeypatch.undo()
-                filler.free()
-            assert "No space left on device" in text or "os error 28" in text, text[-2000:]
+                which.free()
+            assert "No space left on device" in text, text[-2000:]
+            assert "in fill" not in text, "the filler failed, not the pipeline: " + text[-2000:]
             after = _snapshot(home)
             _check_no_partial_commit(before, after, failed_table=table)
-            staging, orphans = leftovers(home.table(table))
+            orphans = leftovers(home.table(table)) - orphans_before
+            if which is log_filler:
+                # The fault really came between the two steps: the batch's files were written.
+                assert orphans and all(complete(home.table(table) / f) for f in orphans), orphans
             print(f"\ndisk full {label}: {line}\n  committed before the failure: "
                   f"{sorted(n for n in before if after[n] != before[n])}; {table}: version unchanged, "
-                  f"{len(staging)} staging folder(s), {len(orphans)} unreferenced file(s) left")
+                  f"{len(orphans)} unreferenced file(s) left")
         # Space is back: the replay commits what is missing, exactly once.
         again = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])[0]
         assert again.error is None, again.line()
@@ -747,19 +834,29 @@ def test_full_disk_fails_clearly_commits_nothing_partial_and_resumes(spark, two_
         print(f"  after freeing space: {again.line()}; rows checked {checked}")
     finally:
         filler.free()
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        for mount in mounts:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def _make_unwritable(path: Path) -> tuple[str, callable]:
-    """Make a folder refuse new entries, also for root: chattr +i when root, chmod 0555 otherwise."""
+    """Make a folder and every folder under it refuse new entries, also for root: chattr +i when
+    root, chmod 0555 otherwise. (delta-spark writes into the existing partition folders and
+    `_delta_log`, so blocking the table folder alone would block nothing.)"""
+    folders = [path, *sorted(p for p in path.rglob("*") if p.is_dir())]
     if os.geteuid() == 0:
-        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        done = subprocess.run(["chattr", "+i", *map(str, folders)], capture_output=True, text=True)
         if done.returncode != 0:
+            subprocess.run(["chattr", "-i", *map(str, folders)], capture_output=True)
             pytest.skip(f"running as root and chattr +i failed ({done.stderr.strip()}): no way to block writes")
-        return "chattr +i", lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
-    mode = path.stat().st_mode
-    path.chmod(0o555)
-    return "chmod 0555", lambda: path.chmod(mode)
+        return "chattr +i", lambda: subprocess.run(["chattr", "-i", *map(str, folders)], check=True)
+    modes = {f: f.stat().st_mode for f in folders}
+    for f in folders:
+        f.chmod(0o555)
+
+    def undo():
+        for f, mode in modes.items():
+            f.chmod(mode)
+    return "chmod 0555", undo
 
 
 def test_unwritable_table_fails_clearly_commits_nothing_partial_and_resumes(spark, two_files, tmp_path):
@@ -773,12 +870,14 @@ def test_unwritable_table_fails_clearly_commits_nothing_partial_and_resumes(spar
     target = home.table("silver_dns")
     how, undo = _make_unwritable(target)
     try:
-        with pytest.raises(OSError):
-            (target / "probe").mkdir()  # the method really blocks writes here
+        for folder in (target, target / "_delta_log", *target.glob("event_date=*")):
+            with pytest.raises(OSError):
+                (folder / "probe").mkdir()  # the method really blocks writes here
         line, text = _run_failing(spark, home)
     finally:
         undo()
-    # Hadoop's local file system reports a refused mkdir as "Mkdirs failed to create <path>".
+    # Hadoop's local file system reports a refused mkdir as "Mkdirs failed to create <path>", a
+    # refused file in an existing partition folder with the OS's reason.
     causes = ("Mkdirs failed", "Permission denied", "Operation not permitted")
     assert str(target) in text and any(c in text for c in causes), text[-2000:]
     after = _snapshot(home)
@@ -801,5 +900,6 @@ def test_failed_run_names_its_cause(spark, two_files, tmp_path):
         line, _ = _run_failing(spark, home)
     finally:
         undo()
-    causes = ("Mkdirs failed", "Permission denied", "Operation not permitted")
+    # delta-spark cannot create the table's log: "[DELTA_CANNOT_CREATE_LOG_PATH] Cannot create <path>/_delta_log".
+    causes = ("Mkdirs failed", "Permission denied", "Operation not permitted", "Cannot create")
     assert "quarantine" in line and any(c in line for c in causes), line

@@ -58,7 +58,8 @@ gaps AS (
     SELECT
         *,
         size(starts) AS n,
-        transform(sequence(1, size(starts) - 1), k -> starts[k] - starts[k - 1]) AS gap
+        -- get(), not starts[k]: the optimizer may evaluate this before the WHERE below drops short arrays
+        transform(sequence(1, size(starts) - 1), k -> get(starts, k) - get(starts, k - 1)) AS gap
     FROM connections
     WHERE size(starts) >= 20            -- a beacon every 3 minutes or faster for an hour
 ),
