@@ -287,3 +287,20 @@ def test_missing_table_is_a_clear_error(spark, tmp_path):
             read_table(spark, missing)
     with pytest.raises(ValueError, match="app_id must be a non-empty string"):
         DeltaSink(tmp_path / "t", app_id="")
+
+
+def test_tables_of_an_old_home_written_by_delta_rs_stay_readable_and_writable(spark, tmp_path):
+    """Homes from before delta-spark hold tables that delta-rs committed: standard Delta, so
+    delta-spark reads them, time-travels them and appends to them exactly once."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    old = pa.table({"event_id": ["a", "b"], "event_date": [dt.date(2026, 11, 20)] * 2, "n": [1, 2]})
+    write_deltalake(str(tmp_path / "t"), old, partition_by=["event_date"])
+    assert sorted(r.event_id for r in read_table(spark, tmp_path / "t").collect()) == ["a", "b"]
+    new = spark.createDataFrame([("c", dt.date(2026, 11, 21), 3)], "event_id string, event_date date, n long")
+    sink = _sink(tmp_path / "t")
+    assert sink.write_batch(new, 0).version == 1
+    assert sink.write_batch(new, 0).skipped
+    assert sorted(r.event_id for r in read_table(spark, tmp_path / "t").collect()) == ["a", "b", "c"]
+    assert read_table(spark, tmp_path / "t", version=0).count() == 2
