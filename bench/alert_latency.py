@@ -95,7 +95,7 @@ def start_floor_query(spark, folder: Path, table: Path, checkpoint: Path, trigge
     query = (spark.readStream.format("text").load(str(folder))
              .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
              .trigger(processingTime=trigger).start())
-    return query, sink
+    return query
 
 
 def hour_of(ts) -> str:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                                "--set", f"trigger_interval={args.trigger}", "--report-every", "30"],
                               cwd=common.REPO, stdout=stream_log, stderr=subprocess.STDOUT, start_new_session=True)
     spark = common.spark_session()
-    floor_query, floor_sink = start_floor_query(spark, work / "floor-in", work / "floor", work / "floor-ck", args.trigger)
+    floor_query = start_floor_query(spark, work / "floor-in", work / "floor", work / "floor-ck", args.trigger)
     deadline = time.monotonic() + 600
     while b"seclake stream: home" not in (work / "stream.log").read_bytes():
         if stream.poll() is not None or time.monotonic() > deadline:
@@ -204,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     poll_tables()
     common.stop_gracefully(stream, timeout=180)
     floor_query.stop()
-    floor_sink.close()
     spark.stop()
 
     floor = [floor_seen[p] - probes[p] for p in probes if p in floor_seen]

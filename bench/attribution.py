@@ -56,7 +56,7 @@ def stateless_copy(spark, lake: Lake, settings: Settings, trigger: dict) -> jobs
             self.history.append(attribution.BatchStats(batch_id, {result.table: result.rows}))
 
         def close(self):
-            sink.close()
+            """Nothing to release."""
 
     writer = Writer()
     query = (read_stream(spark, lake.path("silver_conn"), max_files=settings.max_files_per_trigger)
@@ -88,7 +88,6 @@ def flush(spark, lake: Lake, settings: Settings) -> None:
                 .withColumn("mac", F.lit("02:ff:ff:ff:ff:ff")).withColumn("lease_time", F.lit(86400.0))
         sink = DeltaSink(lake.path(table), app_id="bench_flush", partition_by=["event_date"])
         sink.write_batch(rows, 0)
-        sink.close()
     for name, start in attribution.STAGES:
         run(spark, lake, settings, name, start)
 

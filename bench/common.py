@@ -82,12 +82,11 @@ def deliver(src: Path, dest_dir: Path) -> Path:
 
 def table_rows(path: Path) -> int | None:
     """Rows of the Delta table at `path` from the log's file stats (no Spark); None if no table."""
-    from deltalake import DeltaTable
+    from pipelines.lake.log import summary
 
-    if not (path / "_delta_log").is_dir():
+    if next((path / "_delta_log").glob("*.json"), None) is None:
         return None
-    actions = DeltaTable(str(path)).get_add_actions(flatten=True)
-    return int(sum(actions.column("num_records").to_pylist() or [0]))
+    return summary(path).rows
 
 
 def median(values: Iterable[float]) -> float:

@@ -2,14 +2,14 @@
 
 Side by side in one SparkSession, interleaved, medians (after one warm-up run of each):
 
-- **ours**: `connect(home).sql(...)`: delta-rs opens the snapshot, a view over exactly its
-  files is registered, Spark runs the SQL (what `seclake sql` does per statement);
+- **ours**: `connect(home).sql(...)`: the table's name registered by path in the catalog,
+  delta-spark fixes the snapshot, Spark runs the SQL (what `seclake sql` does per statement);
 - **plain**: `spark.read.parquet(<table folder>)` as a view, the same SQL (no snapshot: it
-  would also read files of a batch still being committed);
-- **ours, driver listing**: ours with `spark.sql.sources.parallelPartitionDiscovery.threshold`
-  raised. Given more than 32 paths Spark stats them in a Spark job; a snapshot hands it one
-  path per file, so on a small table that job costs more than the query.
+  would also read files of a batch still being committed).
 
+RESULT: `ours_ms` and `plain_ms` (medians) and `ratio` (plain's time over ours: higher is better).
+
+    .venv/bin/python bench/query_latency.py --quick        # ~100k rows in 10 commits
     .venv/bin/python bench/query_latency.py                # synthesises ~300k DNS rows in 30 commits
     .venv/bin/python bench/query_latency.py --home DIR     # DIR's silver_dns when it exists
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -25,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 QUERY = "SELECT query, count(*) c FROM {table} GROUP BY query ORDER BY c DESC LIMIT 10"
-THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 
 def synthesise(spark, home, rows: int, commits: int) -> None:
@@ -54,7 +52,6 @@ def synthesise(spark, home, rows: int, commits: int) -> None:
         ).withColumn("event_date", F.to_date("event_time"))
         sink.write_batch(df.select([F.col(f.name).cast(f.dataType) if f.name in df.columns
                                     else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields]), batch)
-    sink.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--commits", type=int, default=30)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="100k rows in 10 commits, 3 reps")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.commits, args.reps = 100_000, 10, 3
 
     from pipelines.home import Home
-    from pipelines.lake.read import open_table
+    from pipelines.lake.log import summary
     from pipelines.lake.registry import Lake
     from pipelines.sql import connect
 
@@ -77,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         synthesise(spark, home, args.rows, args.commits)
     db = connect(home.root, spark=spark)
     path = str(Lake(home).path("silver_dns"))
-    default_threshold = spark.conf.get(THRESHOLD)
 
     def ours():
         return db.sql(QUERY.format(table="silver_dns")).collect()
@@ -86,39 +85,28 @@ def main(argv: list[str] | None = None) -> int:
         spark.read.parquet(path).createOrReplaceTempView("plain_dns")
         return spark.sql(QUERY.format(table="plain_dns")).collect()
 
-    def ours_driver_listing():
-        spark.conf.set(THRESHOLD, "100000")
-        try:
-            return ours()
-        finally:
-            spark.conf.set(THRESHOLD, default_threshold)
-
-    sides = {"ours": ours, "plain": plain, "ours, driver listing": ours_driver_listing}
-    # Also the warm-up: each side once, and all three must return the same top 10.
+    sides = {"ours": ours, "plain": plain}
+    # Also the warm-up: each side once, and both must return the same top 10.
     answers = [sorted(run()) for run in sides.values()]
     assert all(a == answers[0] for a in answers), "the paths read different rows"
     times = common.interleaved(args.reps, {name: (lambda rep, run=run: common.timed(run)[0])
                                            for name, run in sides.items()})
-    opens = [common.timed(lambda: open_table(path).file_uris())[0] for _ in range(args.reps)]
-
-    snapshot = open_table(path)
-    rows = common.table_rows(Path(path))
+    found = summary(path)
     plain_median = common.median(times["plain"])
-    print(f"silver_dns: {rows:,} rows, {len(snapshot.file_uris())} files, version {snapshot.version()}; "
+    print(f"silver_dns: {found.rows:,} rows, {found.files} files, version {found.version}; "
           f"{QUERY.format(table='silver_dns')}")
     table = [[name, common.median(t), min(t), max(t), f"{common.median(t) / plain_median:.2f}x"]
              for name, t in times.items()]
-    table.append(["  (delta-rs open + file list)", common.median(opens), min(opens), max(opens), ""])
     common.print_table(["path", "median s", "min s", "max s", "vs plain"], table,
                        title=f"top-10 query latency, {args.reps} interleaved runs after a warm-up")
-    common.save_results("query_latency", {"args": vars(args), "rows": rows, "files": len(snapshot.file_uris()),
-                                          "seconds": times, "open_seconds": opens})
+    common.save_results("query_latency", {"args": vars(args), "rows": found.rows, "files": found.files,
+                                          "seconds": times})
     spark.catalog.dropTempView("plain_dns")
+    ours_median = common.median(times["ours"])
+    print(f"RESULT ours_ms={1000 * ours_median:.0f} plain_ms={1000 * plain_median:.0f} "
+          f"ratio={plain_median / ours_median:.2f}")
     return 0
 
 
 if __name__ == "__main__":
-    started = time.monotonic()
-    code = main()
-    print(f"({time.monotonic() - started:.0f} s)")
-    sys.exit(code)
+    sys.exit(main())

@@ -32,7 +32,7 @@ from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, Str
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, LEASE_SCHEMA
+from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ import argparse
 import csv
 import difflib
 import io
-import json
 import logging
 import os
 import re
@@ -28,7 +27,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines.home import Home
