@@ -108,6 +108,9 @@ def commit_latency(spark, work: Path, commits: int, samples: int) -> dict[str, l
 
     spec = Lake.spec("silver_dns")
     frame = spark.createDataFrame([], spec.schema)
+    # `delta.<path>` in SQL needs runSQLOnFiles, which seclake's sessions turn off.
+    session = spark.newSession()
+    session.conf.set("spark.sql.runSQLOnFiles", "true")
     sinks = {}
     for label, target in (("v10", 10), (f"v{commits}", commits)):
         path = work / f"commits-{target}"
@@ -115,7 +118,7 @@ def commit_latency(spark, work: Path, commits: int, samples: int) -> dict[str, l
         create_empty(spark, path, spec.schema, list(spec.partition_by))
         started = time.perf_counter()
         for i in range(max(1, target - samples // 2)):
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('seclake.bench.fill' = '{i}')")
+            session.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('seclake.bench.fill' = '{i}')")
         print(f"  {label}: filled to version ~{target - samples // 2} in {time.perf_counter() - started:.0f} s",
               flush=True)
         sinks[label] = DeltaSink(path, app_id="bench", partition_by=spec.partition_by)
