@@ -10,7 +10,6 @@ from pipelines.lake.read import read_table
 from pipelines.rules.spec import REQUIRED_COLUMNS, Rule, RuleError
 from pipelines.schemas import ALERTS_SCHEMA
 
-ALERTS_PARTITION_BY: tuple[str, ...] = ("event_date",)
 _SEP = "\u001f"   # unit separator: cannot appear in an IP, MAC or hostname
 _NULL = "\u0000"  # stands for NULL in the hash input, so (NULL, 'a') and ('a', NULL) differ
 

@@ -26,9 +26,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.jobs import RunningQuery, Starter
 from pipelines.lake.registry import Lake
-from pipelines.lake.sink import DeltaSink
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.rules.alerts import ALERTS_PARTITION_BY, alert_frame, unseen
+from pipelines.rules.alerts import alert_frame, unseen
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
 from pipelines.rules.tables import ALERTS_TABLE, table_path
@@ -61,15 +60,15 @@ class RuleBatch:
 class AlertWriter:
     """The `foreachBatch` function of one rule query.
 
-    >>> writer = AlertWriter(lake.home.table("alerts"), rule, app_id="rule:...:v1:ab12cd34")  # doctest: +SKIP
+    >>> writer = AlertWriter(lake, rule, app_id="rule:...:v1:ab12cd34")  # doctest: +SKIP
     >>> spark.sql(rule.sql).writeStream.foreachBatch(writer)  # doctest: +SKIP
     """
 
-    def __init__(self, alerts_path: str | os.PathLike, rule: Rule, app_id: str) -> None:
+    def __init__(self, lake: Lake, rule: Rule, app_id: str) -> None:
         self.rule = rule
         self.content_hash = rule.content_hash
-        self.alerts_path = Path(alerts_path)
-        self.sink = DeltaSink(self.alerts_path, app_id=app_id, partition_by=ALERTS_PARTITION_BY)
+        self.alerts_path = lake.path(ALERTS_TABLE)
+        self.sink = lake.sink(ALERTS_TABLE, app_id=app_id)
         self.history: list[RuleBatch] = []
         self.error: str | None = None
 
@@ -217,7 +216,6 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         checkpoint = lake.home.checkpoint(rule.checkpoint_name)
         check_resumable(checkpoint)
         app_id = claim_checkpoint(checkpoint, rule)
-        alerts_path = table_path(lake, ALERTS_TABLE)
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
         session = rule_session(spark, streaming=True)
         for table in rule.tables:
@@ -228,7 +226,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
              .createOrReplaceTempView(table))
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
-        writer = AlertWriter(alerts_path, rule, app_id)
+        writer = AlertWriter(lake, rule, app_id)
         query = (rows.writeStream
                  .queryName(rule.query_name)
                  .outputMode("append")
