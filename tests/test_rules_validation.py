@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.rules.limits import MAX_ALLOCATION, MAX_ALLOCATION_PRODUCT, MAX_SEQUENCE, regex_problem
 from pipelines.rules.pack import load_rules, scan_rules
 from pipelines.rules.spec import RuleError, interval_seconds, split_metadata, validate_rule
 
@@ -115,6 +116,194 @@ def test_a_description_edit_changes_the_content_hash_but_not_the_logic_hash():
     assert a.content_hash != b.content_hash and a.logic_hash == b.logic_hash
     c = validate_rule(rule_text(VALID_SQL.replace("'x' AS evidence", "'y' AS evidence")))
     assert c.logic_hash != a.logic_hash
+
+
+def where(condition: str) -> str:
+    return f"SELECT {COLUMNS} FROM enriched_dns WHERE {condition} {GROUP}"
+
+
+JOINED_COLUMNS = ("d.src_ip, d.mac, d.device, d.owner, window.start AS window_start, window.end AS window_end, "
+                  "min(d.event_time) AS first_seen, max(d.event_time) AS last_seen, 'x' AS evidence")
+JOINED_GROUP = "GROUP BY d.src_ip, d.mac, d.device, d.owner, window(d.event_time, '10 minutes')"
+
+
+def joined(join: str) -> str:
+    """A rule over enriched_dns `d` joined (`join`) with enriched_conn `c`."""
+    return rule_text(f"SELECT {JOINED_COLUMNS} FROM enriched_dns d {join} {JOINED_GROUP}",
+                     tables="[enriched_dns, enriched_conn]")
+
+
+_NESTED = "catastrophic backtracking"
+_TOO_BIG = f"exceeds the limit of {MAX_ALLOCATION:,}"
+_NO_EQUALITY = "a join needs an equality between a column of each side"
+_CROSS = "a cross join (CROSS JOIN, or tables separated by commas in FROM)"
+
+# (case id, rule text, what the error must say): valid SQL that would exhaust memory or CPU.
+RESOURCE_EXHAUSTION: list[tuple[str, str, str]] = [
+    # the issue's examples
+    ("sequence_two_billion", rule_text(where("sequence(1, 2000000000) IS NOT NULL")),
+     f"sequence() would build 2,000,000,000 elements, more than the limit of {MAX_SEQUENCE:,}"),
+    ("schema_of_csv_repeat", rule_text(where("query = schema_of_csv(repeat('a,', 100000000))")),
+     f"repeat() size 200,000,000 (100,000,000 copies of 2 characters) {_TOO_BIG}"),
+    ("url_decode_rpad", rule_text(where("url_decode(rpad('%', 100000000, 'a')) IS NOT NULL")),
+     f"rpad() length 100,000,000 {_TOO_BIG}"),
+    ("rlike_nested_plus", rule_text(where("query RLIKE '(a+)+$'")), f"nests quantifiers in '(a+)+': {_NESTED}"),
+    ("cross_join", joined("CROSS JOIN enriched_conn c"), _CROSS),
+    ("join_without_equality", joined("JOIN enriched_conn c ON d.event_time < c.event_time"), _NO_EQUALITY),
+    # sizes: upper case, other functions, lambdas, CTEs, constant expressions, computed sizes
+    ("sequence_upper_case", rule_text(where("SEQUENCE(1, 200001) IS NOT NULL")), "would build 200,001 elements"),
+    ("sequence_with_step", rule_text(with_column("sequence(0, 2000000000, 10)")), "would build 200,000,001 elements"),
+    ("sequence_in_lambda", rule_text(with_column("transform(array(1), k -> sequence(k, 1000000000))")),
+     "sequence() bounds must be integer literals"),
+    ("sequence_of_dates", rule_text(with_column("sequence(to_date('2000-01-01'), to_date('2100-01-01'), interval 1 day)")),
+     "sequence() bounds must be integer literals"),
+    ("sequence_scaled_size", rule_text(with_column("sequence(1, size(collect_set(query)) * 1000000)")),
+     "sequence() bounds must be integer literals"),
+    ("sequence_size_plus_huge", rule_text(with_column("sequence(1, size(collect_set(query)) + 2000000000)")),
+     "bounds differ by 1,999,999,999 besides size(...)"),
+    ("sequence_zero_step", rule_text(with_column("sequence(1, 10, 0)")), "step must be a non-zero numeric literal"),
+    ("exploded_sequence", rule_text(f"SELECT {COLUMNS} FROM enriched_dns LATERAL VIEW explode(sequence(1, 1000000)) s AS n {GROUP}"),
+     "would build 1,000,000 elements"),
+    ("repeat_upper_case", rule_text(with_column("REPEAT('a', 10001)")), f"repeat() count 10,001 {_TOO_BIG}"),
+    ("repeat_column", rule_text(with_column("repeat(max(query), 100000000)")), f"repeat() count 100,000,000 {_TOO_BIG}"),
+    ("repeat_in_cte", rule_text(f"WITH padded AS (SELECT *, repeat(query, 50000) AS q FROM enriched_dns) "
+                                f"SELECT {COLUMNS} FROM padded {GROUP}"), f"repeat() count 50,000 {_TOO_BIG}"),
+    ("repeat_constant_expression", rule_text(with_column("repeat('a', 2147483647 + 1)")), "count 2,147,483,648"),
+    ("repeat_cast_string", rule_text(with_column("repeat('a', CAST('100000000' AS INT))")), "count 100,000,000"),
+    ("repeat_in_lambda", rule_text(with_column("transform(collect_list(query), q -> repeat(q, length(q)))")),
+     "repeat() count must be a numeric literal"),
+    ("repeat_lambda_variable", rule_text(with_column("transform(array(100000000), n -> repeat('a', n))")),
+     "repeat() count must be a numeric literal"),
+    ("lpad_computed_length", rule_text(with_column("lpad(max(query), max(length(query)) * 1000, '0')")),
+     "lpad() length must be a numeric literal"),
+    ("lpad_upper_case", rule_text(with_column("LPAD(max(query), 20000000, '0')")), f"lpad() length 20,000,000 {_TOO_BIG}"),
+    ("space", rule_text(with_column("space(100000000)")), f"space() length 100,000,000 {_TOO_BIG}"),
+    ("space_computed", rule_text(with_column("space(count(*))")), "space() length must be a numeric literal"),
+    ("array_repeat", rule_text(with_column("size(array_repeat(src_ip, 100000000))")), "array_repeat() count 100,000,000"),
+    ("array_repeat_computed", rule_text(with_column("array_repeat(1, count(*))")), "array_repeat() count must be a numeric literal"),
+    ("array_insert_far", rule_text(with_column("array_insert(array(1), 100000000, 2)")), "array_insert() position 100,000,000"),
+    ("format_string_width", rule_text(with_column("format_string('%0100000000d', 1)")), "format_string() width 100,000,000"),
+    ("printf_computed_format", rule_text(with_column("printf(max(query), 1)")), "format_string() format must be a string literal"),
+    ("approx_count_distinct_rsd", rule_text(with_column("approx_count_distinct(query, 0.0000001)")),
+     "relative standard deviation 1E-7 is below 0.01"),
+    ("count_min_sketch_eps", rule_text(with_column("count_min_sketch(query, 0.0000001, 0.9, 1)")),
+     "count_min_sketch() needs eps >= 0.001"),
+    ("nested_allocations", rule_text(with_column("repeat(rpad(max(query), 10000), 10000)")),
+     f"multiply to 100,000,000 (limit {MAX_ALLOCATION_PRODUCT:,})"),
+    ("allocations_through_a_cte", rule_text(f"WITH p AS (SELECT *, rpad(query, 5000) AS q FROM enriched_dns) "
+                                            f"SELECT {COLUMNS}, max(repeat(q, 5000)) AS extra FROM p {GROUP}"),
+     "multiply to 25,000,000"),
+    # regular expressions: every function that takes one, upper case, lambdas, CTEs, computed patterns
+    ("regexp_star_star", rule_text(where("query REGEXP '(a*)*b'")), "nests quantifiers in '(a*)*'"),
+    ("regexp_like_alternation", rule_text(where("regexp_like(query, '(a|a?)+')")), "nests quantifiers in '(a|a?)+'"),
+    ("rlike_words", rule_text(where(r"query RLIKE '^(\\w+\\s?)*$'")), _NESTED),
+    ("rlike_upper_case", rule_text(where("query RLIKE '(?i)(X+)+Y'")), "nests quantifiers in '(X+)+'"),
+    ("rlike_function_upper_case", rule_text(where("RLIKE(query, '([a-z]+\\.)+$')")), _NESTED),
+    ("rlike_any", rule_text(where("query RLIKE ANY ('^a', '(b+)+$')")), "nests quantifiers in '(b+)+'"),
+    ("rlike_escaped_parens_unescaped_by_spark", rule_text(where(r"query RLIKE '\(a+\)+$'")),
+     "nests quantifiers in '(a+)+'"),
+    ("bounded_repetition_of_unbounded", rule_text(where("query RLIKE '(a+){2,20}$'")), "nests quantifiers in '(a+){2,20}'"),
+    ("regexp_extract", rule_text(with_column("regexp_extract(max(query), '((a+)b?)+', 1)")), _NESTED),
+    ("regexp_extract_all", rule_text(with_column("regexp_extract_all(max(query), '(x*y?)*', 0)")), _NESTED),
+    ("regexp_replace", rule_text(with_column("regexp_replace(max(query), '(.*a)+', '')")), _NESTED),
+    ("regexp_count", rule_text(with_column("regexp_count(max(query), '(a|b+)*c')")), _NESTED),
+    ("regexp_substr", rule_text(with_column("regexp_substr(max(query), '(a+)*')")), _NESTED),
+    ("regexp_instr", rule_text(with_column("regexp_instr(max(query), '(a+)*')")), _NESTED),
+    ("split_regex", rule_text(with_column("split(max(query), '(-+)+')")), _NESTED),
+    ("str_to_map_regex", rule_text(with_column("str_to_map(max(query), '(;+)+', '=')")), _NESTED),
+    ("regex_in_lambda", rule_text(with_column("filter(collect_list(query), q -> q RLIKE '(a+)+$')")), _NESTED),
+    ("regex_in_cte", rule_text(f"WITH slow AS (SELECT * FROM enriched_dns WHERE query RLIKE '(a+)+$') "
+                               f"SELECT {COLUMNS} FROM slow {GROUP}"), _NESTED),
+    ("regex_computed", rule_text(where("query RLIKE concat('(a', '+)+')")),
+     "rlike() pattern must be a string literal"),
+    ("regex_from_column", rule_text(where("query RLIKE hostname")), "rlike() pattern must be a string literal"),
+    ("regex_from_lambda", rule_text(with_column("filter(collect_list(query), q -> max(hostname) RLIKE q)")),
+     "rlike() pattern must be a string literal"),
+    ("regex_that_does_not_compile", rule_text(where("query RLIKE '(a'")), "is not a valid Java regular expression"),
+    # joins
+    ("comma_join", joined(", enriched_conn c"), _CROSS),
+    ("cross_join_upper_in_cte", rule_text(f"WITH pairs AS (SELECT d.* FROM enriched_dns d CROSS JOIN enriched_conn c) "
+                                          f"SELECT {COLUMNS} FROM pairs {GROUP}", tables="[enriched_dns, enriched_conn]"), _CROSS),
+    ("join_on_true", joined("JOIN enriched_conn c ON TRUE"), _NO_EQUALITY),
+    ("join_without_on", joined("JOIN enriched_conn c"), _NO_EQUALITY),
+    ("join_equality_or_true", joined("JOIN enriched_conn c ON d.src_ip = c.src_ip OR TRUE"), _NO_EQUALITY),
+    ("join_equality_within_one_side", joined("JOIN enriched_conn c ON d.src_ip = d.attributed_ip"), _NO_EQUALITY),
+    ("join_equality_with_constant", joined("JOIN enriched_conn c ON c.proto = 'tcp'"), _NO_EQUALITY),
+    ("join_ambiguous_columns", joined("JOIN enriched_conn c ON src_ip = dst_ip"), _NO_EQUALITY),
+    ("semi_join_inequality", joined("LEFT SEMI JOIN enriched_conn c ON d.event_time > c.event_time"), _NO_EQUALITY),
+    ("natural_join", joined("NATURAL JOIN enriched_conn c"), "NATURAL JOIN joins on whatever columns"),
+]
+
+
+@pytest.mark.parametrize("case_id, text, reason", RESOURCE_EXHAUSTION, ids=[r[0] for r in RESOURCE_EXHAUSTION])
+def test_resource_exhausting_rules_are_rejected_with_the_reason(case_id, text, reason):
+    with pytest.raises(RuleError) as err:
+        validate_rule(text)
+    assert reason in str(err.value), str(err.value)
+
+
+def test_the_resource_exhaustion_corpus_is_large_enough():
+    assert len(RESOURCE_EXHAUSTION) >= 40
+
+
+# (case id, rule text): within the limits, accepted.
+WITHIN_LIMITS: list[tuple[str, str]] = [
+    ("small_literals", rule_text(with_column("concat(repeat('-', 20), lpad(max(query), 64, ' '), space(2), "
+                                             "rpad('x', 5, '.'), size(array_repeat(0, 3)), size(sequence(1, 24)))"))),
+    ("largest_repeat", rule_text(with_column(f"repeat(max(query), {MAX_ALLOCATION})"))),
+    ("largest_sequence", rule_text(with_column(f"size(sequence(1, {MAX_SEQUENCE}))"))),
+    ("sequence_bounded_by_size", rule_text(with_column("transform(sequence(1, size(collect_list(query)) - 1), "
+                                                       "k -> k)"))),
+    ("sequence_descending", rule_text(with_column("sequence(10, -10, -2)"))),
+    ("array_insert_append", rule_text(with_column("array_insert(collect_list(query), size(collect_list(query)) + 1, 'x')"))),
+    ("format_widths", rule_text(with_column("format_string('%-20s %5d %.2f', max(query), 1, 0.5)"))),
+    ("sketch_defaults", rule_text(with_column("approx_count_distinct(query, 0.05)"))),
+    ("safe_regexes", rule_text(where(r"query RLIKE '^[a-z0-9-]{20,}\\.' AND query NOT RLIKE '^172[.](1[6-9]|2[0-9]|3[01])[.]' "
+                                     r"AND regexp_extract(query, '^([0-9]+[.][0-9]+[.][0-9]+)[.]', 1) = '' "
+                                     r"AND query RLIKE '(\\d{1,3}\\.){3}\\d{1,3}' AND size(split(query, '[.]')) > 2 "
+                                     r"AND query RLIKE '(?:com|net)+$'"))),
+    ("possessive_and_atomic", rule_text(where("query RLIKE '(a++)+$' AND query RLIKE '(?>a+)+$' AND query RLIKE '(a+)++$'"))),
+    ("escaped_and_class_parentheses", rule_text(where(r"query RLIKE '\\(a+\\)+' AND query RLIKE '[(a+)+]'"))),
+    ("equi_join", joined("JOIN enriched_conn c ON d.src_ip = c.src_ip AND c.event_time BETWEEN d.event_time "
+                         "AND d.event_time + INTERVAL 1 MINUTE")),
+    ("left_anti_join", joined("LEFT ANTI JOIN enriched_conn c ON c.src_ip = d.src_ip")),
+    ("left_semi_join_expression", joined("LEFT SEMI JOIN enriched_conn c ON (lower(d.mac) = lower(c.mac))")),
+    ("null_safe_equality", joined("JOIN enriched_conn c ON d.mac <=> c.mac")),
+    ("join_using", joined("JOIN enriched_conn c USING (src_ip)")),
+    ("join_unqualified_ctes", rule_text(
+        "WITH a AS (SELECT src_ip AS dns_ip, event_time FROM enriched_dns), "
+        "b AS (SELECT src_ip AS conn_ip, mac, device, owner FROM enriched_conn) "
+        "SELECT dns_ip AS src_ip, mac, device, owner, window.start AS window_start, window.end AS window_end, "
+        "min(event_time) AS first_seen, max(event_time) AS last_seen, 'x' AS evidence "
+        "FROM a JOIN b ON dns_ip = conn_ip GROUP BY dns_ip, mac, device, owner, window(event_time, '10 minutes')",
+        tables="[enriched_dns, enriched_conn]")),
+]
+
+
+@pytest.mark.parametrize("case_id, text", WITHIN_LIMITS, ids=[w[0] for w in WITHIN_LIMITS])
+def test_rules_within_the_resource_limits_are_accepted(case_id, text):
+    validate_rule(text)
+
+
+def test_a_limit_refusal_names_the_rule_file_and_the_line(tmp_path):
+    path = tmp_path / "bomb.sql"
+    sql = f"SELECT {COLUMNS}\nFROM enriched_dns\nWHERE query RLIKE '(a+)+$'\n{GROUP}"
+    path.write_text(rule_text(sql))
+    line = path.read_text().splitlines().index("WHERE query RLIKE '(a+)+$'") + 1
+    with pytest.raises(RuleError) as err:
+        validate_rule(path)
+    assert str(err.value).startswith(f"{path}: line {line}: query RLIKE '(a+)+$': regular expression"), str(err.value)
+
+
+@pytest.mark.parametrize("pattern, refused", [
+    ("(a+)+$", True), ("(a*)*", True), ("(a|a?)+", True), (r"(\w+\s?)*$", True), ("((a)+)+", True),
+    ("(a{1,3})+", True), ("(a+){3}", True), ("(?<name>a+)+", True), ("(a+)*?", True), (r"(\.[a-z]+)+", True),
+    (r"^[a-z0-9-]{20,}\.", False), (r"(\d{1,3}\.){3}\d{1,3}", False), ("(ab){2,}", False), ("(?:a|b)+", False),
+    ("(a+)?", False), ("(a++)+", False), ("(?>a+)+", False), ("(a+)++", False), ("[(a+)+]", False),
+    (r"\(a+\)+", False), (r"\Q(a+)+\E", False), ("[]a]+", False), (r"\p{L}+", False),
+])
+def test_the_nested_quantifier_heuristic(pattern, refused):
+    assert (regex_problem(pattern) is not None) is refused, regex_problem(pattern)
 
 
 # (case id, rule text, what the error must say)

@@ -21,6 +21,7 @@ import yaml
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, readable_tables
 
 # Every rule returns these columns (more are allowed: they are stored as JSON in `details`).
@@ -173,7 +174,8 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
                         "rule's query and checkpoint")
     tree = parse_single_select(body)
     schemas = readable_tables()
-    tables = check_query(tree, schemas)
+    # sqlglot numbers the lines of `body`; its line 1 is the file's line of the closing */
+    tables = check_query(tree, schemas, line_offset=text[:len(text) - len(body)].count("\n"))
     declared = tuple(meta["tables"])
     if set(declared) != set(tables):
         raise RuleError(f"metadata tables {sorted(declared)} differ from the tables the SQL reads {sorted(tables)}")
@@ -297,8 +299,10 @@ def function_names(node: exp.Func) -> set[str]:
     return {n.lower() for n in type(node).sql_names()} | {node.key.lower()}
 
 
-def check_query(tree: exp.Expression, schemas: dict) -> list[str]:
-    """Walk the query: no forbidden construct; return the tables it reads (sorted, unique)."""
+def check_query(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -> list[str]:
+    """Walk the query: no forbidden construct, nothing over the resource limits; return the tables it
+    reads (sorted, unique). `line_offset` is added to sqlglot's line numbers in messages (the lines
+    of the metadata block above the SQL)."""
     for node in tree.walk():
         if isinstance(node, exp.QueryTransform):
             raise RuleError("TRANSFORM ... USING runs an external command: not allowed in a rule")
@@ -327,6 +331,10 @@ def check_query(tree: exp.Expression, schemas: dict) -> list[str]:
     tables.discard("")
     if not tables:
         raise RuleError("the query reads no table")
+    try:
+        check_limits(tree, schemas, line_offset=line_offset)
+    except LimitError as exc:
+        raise RuleError(str(exc)) from None
     return sorted(tables)
 
 
