@@ -89,6 +89,9 @@ def error_summary(exc: BaseException | str) -> str:
     >>> error_summary("An exception was raised by the Python Proxy. Return Message: Traceback "
     ...               "(most recent call last):\\n  File \\"x.py\\", line 1, in f\\n    g()\\nOSError: disk full")
     'OSError: disk full'
+    >>> error_summary("py4j.protocol.Py4JJavaError: An error occurred while calling o9.save.\\n"
+    ...               ": io.delta.DeltaIOException: Cannot create /t/_delta_log\\n\\tat x.y(Z.scala:1)")
+    'io.delta.DeltaIOException: Cannot create /t/_delta_log'
     """
     lines = [line for line in str(exc).splitlines() if line.strip()]
     if not lines:
@@ -99,9 +102,16 @@ def error_summary(exc: BaseException | str) -> str:
         # The exception line follows the last frame and its indented source line.
         after = [line for line in lines[frames[-1] + 1:] if not line.startswith(" ")]
         head = after[0] if after else head
-    causes = [line.strip().removeprefix("Caused by:").strip() for line in lines if line.strip().startswith("Caused by:")]
-    if causes and head.startswith("py4j.protocol.Py4JJavaError"):
-        return causes[-1]  # 'An error occurred while calling o123.parquet' says nothing; the cause does
+    causes = [line.strip().removeprefix("Caused by:").strip() for line in lines
+              if line.strip().startswith("Caused by:")]
+    if head.startswith("py4j.protocol.Py4JJavaError"):
+        # 'An error occurred while calling o123.save' says nothing; the cause does: the deepest
+        # 'Caused by:', else the JVM exception on the line after, which Py4J starts with ': '.
+        if causes:
+            return causes[-1]
+        index = lines.index(head)
+        if index + 1 < len(lines) and lines[index + 1].startswith(": "):
+            return lines[index + 1].removeprefix(": ").strip()
     if causes and causes[-1] not in head:
         head = f"{head} (caused by {causes[-1]})"
     return head
@@ -142,8 +152,8 @@ def stages() -> list[tuple[str, Starter]]:
     return [(etl.QUERY_NAME, etl.start), *attribution.STAGES, *rule_stages()]
 
 
-def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(),
-             only: list[str] | None = None, on_report: Callable[[QueryReport], None] | None = None) -> list[QueryReport]:
+def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), only: list[str] | None = None,
+             on_report: Callable[[QueryReport], None] | None = None) -> list[QueryReport]:
     """Process everything available now through each stage in order, then stop.
 
     >>> for r in run_once(spark, Lake(Home.resolve("/tmp/x"))): print(r.line())  # doctest: +SKIP
