@@ -12,8 +12,15 @@ GE is imported when a check runs, not when the code location loads (it takes sec
 """
 import os
 
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, Config, \
-    MetadataValue, asset_check
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    Config,
+    MetadataValue,
+    asset_check,
+)
 from pydantic import Field
 
 from assets.resources import LakeResource, SparkResource

@@ -18,8 +18,8 @@ from pathlib import Path
 from dagster import (
     AssetExecutionContext,
     AssetKey,
-    AssetSpec,
     AssetsDefinition,
+    AssetSpec,
     Failure,
     MaterializeResult,
     MetadataValue,

@@ -8,8 +8,8 @@ multi-asset with `can_subset=False`: materialising any of its tables runs its qu
 from dagster import (
     AssetExecutionContext,
     AssetKey,
-    AssetSpec,
     AssetsDefinition,
+    AssetSpec,
     Backoff,
     Failure,
     Jitter,

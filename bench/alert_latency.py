@@ -113,12 +113,14 @@ def file_hour(name: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=10)
-    parser.add_argument("--rate", type=float, default=40.0, help="live generator events/s (default 40: a file every ~20 s)")
+    parser.add_argument("--rate", type=float, default=40.0,
+                        help="live generator events/s (default 40: a file every ~20 s)")
     parser.add_argument("--hours", type=float, default=1.0, help="generator window length (hours)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--trigger", default="1 second", help="processing-time trigger of both queries")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of live feed to measure")
-    parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last files after the feed stops")
+    parser.add_argument("--drain", type=float, default=60.0,
+                        help="seconds to wait for the last files after the feed stops")
     parser.add_argument("--work", default=None)
     args = parser.parse_args(argv)
     work = common.work_dir("alert-latency", args.work)
@@ -140,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(5)  # let the queries start
     print(f"stream up after {time.monotonic() - t0:.0f} s; starting the live generator "
           f"({args.rate:g} events/s, {args.hosts} hosts) for {args.duration:g} s", flush=True)
-    gen = subprocess.Popen([common.PYTHON, "-m", "sample_data.generator", "--out", str(home), "--hours", str(args.hours),
-                            "--hosts", str(args.hosts), "--seed", str(args.seed), "--rate", str(args.rate),
+    gen = subprocess.Popen([common.PYTHON, "-m", "sample_data.generator", "--out", str(home),
+                            "--hours", str(args.hours), "--hosts", str(args.hosts), "--seed", str(args.seed),
+                            "--rate", str(args.rate),
                             "--start", common.BUSY_START],
                            cwd=common.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                        title=f"seclake stream, trigger {args.trigger}, live feed {args.rate:g} events/s, "
                              f"{args.hosts} hosts, {len(landed)} files in {args.duration:g} s")
     if floor and silver_all:
-        print(f"\nlanding -> silver p50 / floor p50 = {common.percentile(silver_all, 50) / common.percentile(floor, 50):.1f}x")
+        ratio = common.percentile(silver_all, 50) / common.percentile(floor, 50)
+        print(f"\nlanding -> silver p50 / floor p50 = {ratio:.1f}x")
     if not alerts:
         print(f"\nno alert was committed during the run: a rule emits a window only once its event-time "
               f"watermark (event_watermark, default 2 hours) has passed the window's end, and the live feed "

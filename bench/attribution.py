@@ -84,8 +84,9 @@ def flush(spark, lake: Lake, settings: Settings) -> None:
         rows = (rows.withColumn("event_id", F.concat(F.lit("flush-"), F.col("event_time").cast("string")))
                 .withColumn("event_date", F.to_date("event_time")))
         if table == "silver_dhcp":
-            rows = rows.withColumn("msg_types", F.array(F.lit("ACK"))).withColumn("assigned_addr", F.lit("10.255.255.1")) \
-                .withColumn("mac", F.lit("02:ff:ff:ff:ff:ff")).withColumn("lease_time", F.lit(86400.0))
+            rows = (rows.withColumn("msg_types", F.array(F.lit("ACK")))
+                    .withColumn("assigned_addr", F.lit("10.255.255.1"))
+                    .withColumn("mac", F.lit("02:ff:ff:ff:ff:ff")).withColumn("lease_time", F.lit(86400.0)))
         sink = DeltaSink(lake.path(table), app_id="bench_flush", partition_by=["event_date"])
         sink.write_batch(rows, 0)
     for name, start in attribution.STAGES:
@@ -149,7 +150,8 @@ def main() -> None:
         enriched = frame if enriched is None else enriched.unionByName(frame)
     for scenario in ("roaming_laptop", "ids_alert_reused_ip"):
         cases = [t for t in truth if t["scenario"] == scenario and t.get("mac")]
-        wanted = spark.createDataFrame([(str(e), t["mac"]) for t in cases for e in t["event_ids"]], "uid string, want string")
+        wanted = spark.createDataFrame([(str(e), t["mac"]) for t in cases for e in t["event_ids"]],
+                                       "uid string, want string")
         got = wanted.join(enriched, "uid", "left").groupBy().agg(
             F.count("*").alias("n"), F.sum((F.col("mac") == F.col("want")).cast("int")).alias("right"),
             F.sum(F.col("mac").isNull().cast("int")).alias("missing")).first()

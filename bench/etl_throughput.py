@@ -115,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         landing = work / f"gen-{fmt}" / "landing"
         expected = common.expected_silver(inputs[fmt])
         print(f"measuring zeek_format={fmt}", flush=True)
+        # interleaved() calls these before the loop moves on; the defaults bind this iteration's values anyway.
         times = common.interleaved(args.reps, {
-            "seclake": lambda rep: run_seclake(spark, landing, work / "home", expected),
-            "plain_parse": lambda rep: run_plain_parse(spark, landing, work / "plain", fmt),
-            "plain_text": lambda rep: run_plain_text(spark, landing, work / "plain"),
+            "seclake": lambda rep, landing=landing, expected=expected: run_seclake(
+                spark, landing, work / "home", expected),
+            "plain_parse": lambda rep, landing=landing, fmt=fmt: run_plain_parse(spark, landing, work / "plain", fmt),
+            "plain_text": lambda rep, landing=landing: run_plain_text(spark, landing, work / "plain"),
         })
         raw[fmt] = times
         events = inputs[fmt]["totals"]["events"]

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     common.stop_gracefully(stream, timeout=300)
     stream_total = json.loads((work / "cpu-stream.json").read_text()) if (work / "cpu-stream.json").exists() else {}
     # Cross-check: the same rows landed in both homes.
-    rows = {name: (common.table_rows(homes["hourly"] / "tables" / name), common.table_rows(homes["stream"] / "tables" / name))
+    rows = {name: (common.table_rows(homes["hourly"] / "tables" / name),
+                   common.table_rows(homes["stream"] / "tables" / name))
             for name in common.SILVER_FEEDS}
 
     run_cpu = common.median(r["cpu"] for r in runs)

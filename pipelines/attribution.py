@@ -54,7 +54,8 @@ DEFAULT_LEASE_SECONDS = 3600.0
 
 # Addresses DHCP hands out: RFC 1918, carrier-grade NAT, IPv6 unique-local. An alert's internal
 # side is the one in these ranges (scans come from outside, beacons go out).
-INTERNAL_IP_PATTERN = r"^(10\.|192\.168\.|172\.(1[6-9]|2[0-9]|3[01])\.|100\.(6[4-9]|[7-9][0-9]|1[01][0-9]|12[0-7])\.|f[cd])"
+INTERNAL_IP_PATTERN = (r"^(10\.|192\.168\.|172\.(1[6-9]|2[0-9]|3[01])\."
+                       r"|100\.(6[4-9]|[7-9][0-9]|1[01][0-9]|12[0-7])\.|f[cd])")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,8 +195,8 @@ _MESSAGE_SCHEMA = StructType([
 ])
 _HELD_SCHEMA = StructType([
     StructField("mac", StringType()), StructField("hostname", StringType()), StructField("valid_from", LongType()),
-    StructField("expires", LongType()), StructField("lease_time", DoubleType()), StructField("start_reason", StringType()),
-    StructField("last_end", LongType()),
+    StructField("expires", LongType()), StructField("lease_time", DoubleType()),
+    StructField("start_reason", StringType()), StructField("last_end", LongType()),
 ])
 _SEGMENT_OUTPUT = StructType([
     StructField("ip", StringType()), StructField("mac", StringType()), StructField("hostname", StringType()),
@@ -271,7 +272,8 @@ class LeaseProcessor(StatefulProcessor):
         segments = book.advance(due, until)
         if due:
             if later:
-                self.pending.put([(m.ts, m.event_id, m.kind, m.mac, m.hostname, m.lease_time, m.renewal) for m in later])
+                self.pending.put([(m.ts, m.event_id, m.kind, m.mac, m.hostname, m.lease_time, m.renewal)
+                                  for m in later])
             else:
                 self.pending.clear()
         self._save(book)

@@ -10,12 +10,14 @@ from pipelines.home import Home
 
 def _home_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--home", default=None,
-                        help="home folder for landing/, tables/, checkpoints/ (default: $SECLAKE_HOME or ./seclake-home)")
+                        help="home folder for landing/, tables/, checkpoints/ "
+                             "(default: $SECLAKE_HOME or ./seclake-home)")
 
 
 def _settings_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a stream setting, e.g. --set trigger_interval='5 seconds' (see pipelines/settings.py)")
+                        help="override a stream setting, e.g. --set trigger_interval='5 seconds' "
+                             "(see pipelines/settings.py)")
 
 
 def _settings(args: argparse.Namespace):

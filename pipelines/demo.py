@@ -23,8 +23,10 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     if (home.root / "manifest.json").exists():
         print(f"[1/3] sample data already in {home.landing} (delete {home.root} to regenerate)", file=sys.stderr)
     else:
-        print(f"[1/3] generating {hours:g} h of logs for {hosts} hosts (seed {seed}) into {home.landing}", file=sys.stderr)
-        generate(home.root, hours=hours, hosts=hosts, seed=seed, progress=lambda m: print(f"      {m}", file=sys.stderr))
+        print(f"[1/3] generating {hours:g} h of logs for {hosts} hosts (seed {seed}) into {home.landing}",
+              file=sys.stderr)
+        generate(home.root, hours=hours, hosts=hosts, seed=seed,
+                 progress=lambda m: print(f"      {m}", file=sys.stderr))
     print("[2/3] running every stage once (Trigger.AvailableNow)", file=sys.stderr)
     spark = get_spark(app_name="seclake-demo")
     lake = Lake(home)
@@ -33,8 +35,10 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     print(summary(spark, lake))
     print(f"\nDone in {time.monotonic() - started:.0f}s. Next:\n"
           f"  SQL shell:  .venv/bin/seclake sql --home {home.root}\n"
-          f"  one query:  .venv/bin/seclake sql --home {home.root} \"SELECT rule_name, count(*) FROM alerts GROUP BY 1\"\n"
-          f"  Dagster UI: SECLAKE_HOME={home.root} .venv/bin/dagster dev -w workspace.yaml  (then open http://localhost:3000)")
+          f"  one query:  .venv/bin/seclake sql --home {home.root} "
+          f"\"SELECT rule_name, count(*) FROM alerts GROUP BY 1\"\n"
+          f"  Dagster UI: SECLAKE_HOME={home.root} .venv/bin/dagster dev -w workspace.yaml  "
+          f"(then open http://localhost:3000)")
     return 1 if any(r.error for r in reports) else 0
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
@@ -19,6 +19,10 @@ from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.schemas import SILVER_KINDS, SILVER_SCHEMAS, SOURCES
 from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    # For the annotation only: start() imports it at run time, as pipelines.jobs imports this module.
+    from pipelines.jobs import RunningQuery
 
 QUERY_NAME = "etl"
 ETL_TABLES: tuple[str, ...] = (*(f"bronze_{s}" for s in SOURCES), "quarantine", *SILVER_SCHEMAS)
@@ -88,7 +92,8 @@ class EtlWriter:
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
-            self._record(stats, self.sinks["quarantine"].write_batch(to_quarantine(parsed).withColumns(ingest), batch_id))
+            quarantine = to_quarantine(parsed).withColumns(ingest)
+            self._record(stats, self.sinks["quarantine"].write_batch(quarantine, batch_id))
             for source in SOURCES:
                 bronze = to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
                 self._record(stats, self.sinks[f"bronze_{source}"].write_batch(bronze, batch_id))

@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -15,9 +14,9 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 JARS_DIR = Path(__file__).resolve().parents[1] / ".jars"
 
 # Why each setting: timestamps must be TIMESTAMP_MICROS or other Delta readers (delta-rs, the
-# JVM-free listings) see tables as needing the timestampNanos reader feature (DESIGN.md); 2 cores gain nothing from 200 shuffle
-# partitions; RocksDB with changelog checkpointing keeps join/dedup state off the JVM heap
-# and makes state commits incremental.
+# JVM-free listings) see tables as needing the timestampNanos reader feature (DESIGN.md); 2 cores
+# gain nothing from 200 shuffle partitions; RocksDB with changelog checkpointing keeps join/dedup
+# state off the JVM heap and makes state commits incremental.
 BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
@@ -54,9 +53,11 @@ def check_java() -> None:
 
     >>> check_java()  # raises RuntimeError on a machine without Java 17+
     """
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get("JAVA_HOME") else shutil.which("java")
+    java_home = os.environ.get("JAVA_HOME")
+    java = shutil.which("java", path=os.path.join(java_home, "bin")) if java_home else shutil.which("java")
     if not java:
-        raise RuntimeError("seclake needs Java 17 or newer: no `java` on PATH (install openjdk-17-jre-headless or set JAVA_HOME)")
+        raise RuntimeError("seclake needs Java 17 or newer: no `java` on PATH "
+                           "(install openjdk-17-jre-headless or set JAVA_HOME)")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     try:
         version = out.split('"')[1]

@@ -120,7 +120,8 @@ class Database:
     first query, so `tables()` and `history()` are instant.
 
     >>> db = connect(home="/tmp/x")  # doctest: +SKIP
-    >>> db.sql("SELECT query, count(*) c FROM silver_dns GROUP BY query ORDER BY c DESC LIMIT 10").toPandas()  # doctest: +SKIP
+    >>> db.sql("SELECT query, count(*) c FROM silver_dns "  # doctest: +SKIP
+    ...        "GROUP BY query ORDER BY c DESC LIMIT 10").toPandas()
     """
 
     def __init__(self, lake: Lake, spark: SparkSession | None = None) -> None:
@@ -154,7 +155,8 @@ class Database:
                     latest.append(name)
                 else:
                     pins[name] = _Pin(name, default)
-            elif found.exact and name not in found.ctes and "." not in name and not self.spark.catalog.tableExists(name):
+            elif (found.exact and name not in found.ctes and "." not in name
+                  and not self.spark.catalog.tableExists(name)):
                 raise SqlError(self._unknown_table(name))
         with self._errors(text, edits):
             self.lake.register(self.spark, latest)
@@ -578,7 +580,8 @@ class _Shell:
         if word in (".quit", "\\q"):
             return False
         if word == ".help":
-            self.out.write(_HELP.format(fmt=self.fmt, limit=self.limit, as_of="off" if self.as_of is None else self.as_of))
+            as_of = "off" if self.as_of is None else self.as_of
+            self.out.write(_HELP.format(fmt=self.fmt, limit=self.limit, as_of=as_of))
         elif word == ".tables":
             self._guarded(lambda: _write_tables(self.db.tables(), self.fmt, self.out))
         elif word == ".history" and rest:

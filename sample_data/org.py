@@ -42,7 +42,8 @@ SERVER_ROLES = ("dc01", "fs01", "app01", "dc02", "db01", "build01", "backup01", 
 POPULAR_SITES = (
     ("www.google.com", ("www.gstatic.com", "fonts.gstatic.com", "apis.google.com")),
     ("outlook.office365.com", ("login.microsoftonline.com", "res.cdn.office.net", "substrate.office.com")),
-    ("teams.microsoft.com", ("login.microsoftonline.com", "statics.teams.cdn.office.net", "presence.teams.microsoft.com")),
+    ("teams.microsoft.com",
+     ("login.microsoftonline.com", "statics.teams.cdn.office.net", "presence.teams.microsoft.com")),
     ("www.youtube.com", ("i.ytimg.com", "yt3.ggpht.com", "rr3---sn-4g5ednsz.googlevideo.com", "www.gstatic.com")),
     ("github.com", ("github.githubassets.com", "avatars.githubusercontent.com", "api.github.com")),
     ("app.slack.com", ("edgeapi.slack.com", "a.slack-edge.com", "wss-primary.slack.com")),
@@ -239,13 +240,17 @@ def build_org(seed: int, hosts: int, start_us: int) -> Org:
     subnets: list[Subnet] = []
     octets = [1, 2, 3] + list(range(4, 4 + wired_count + wifi_count))
     i = 0
-    subnets.append(Subnet(0, f"10.0.{octets[i]}", True, 14400)); i += 1
+    subnets.append(Subnet(0, f"10.0.{octets[i]}", True, 14400))
+    i += 1
     for _ in range(2):
-        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", False, 3600)); i += 1
+        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", False, 3600))
+        i += 1
     for _ in range(wired_count - 1):
-        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", True, 14400)); i += 1
+        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", True, 14400))
+        i += 1
     for _ in range(wifi_count - 2):
-        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", False, 3600)); i += 1
+        subnets.append(Subnet(len(subnets), f"10.0.{octets[i]}", False, 3600))
+        i += 1
     wired_ids = [s.idx for s in subnets if s.wired]
     wifi_ids = [s.idx for s in subnets if not s.wired]
 
@@ -281,7 +286,8 @@ def build_org(seed: int, hosts: int, start_us: int) -> Org:
                 base = f"WS-{dept[:3].upper()}-{rng.randrange(100, 999)}"
             else:
                 base = (f"{fn}s-iPhone" if os_name.startswith("iOS")
-                        else f"Galaxy-S{rng.choice((22, 23, 24))}" if rng.random() < 0.5 else f"Pixel-{rng.choice((7, 8, 9))}")
+                        else f"Galaxy-S{rng.choice((22, 23, 24))}" if rng.random() < 0.5
+                        else f"Pixel-{rng.choice((7, 8, 9))}")
             mac = _mac(rng, None if t == "phone" else rng.choice(OUIS[t]))
         else:
             owner = {"server": "IT Operations", "printer": "Facilities", "iot": "Facilities"}[t]
@@ -297,7 +303,8 @@ def build_org(seed: int, hosts: int, start_us: int) -> Org:
                 base = pre + mac.replace(":", "")[-6:].upper()
             else:
                 oui = mac[:8]
-                base = {"ac:cc:8e": "axis-", "44:61:32": "ecobee-", "18:b4:30": "nest-"}[oui] + mac.replace(":", "")[-6:]
+                prefix = {"ac:cc:8e": "axis-", "44:61:32": "ecobee-", "18:b4:30": "nest-"}[oui]
+                base = prefix + mac.replace(":", "")[-6:]
         hostname = base
         k = 2
         while hostname in hostnames:

@@ -238,7 +238,8 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
             inc.details = {"domain": domain, "queries": n, "qtypes": ["TXT", "NULL"],
                            "interval_s": 5, "first_label_len": list(TUNNEL_LABEL)}
         elif s == "dns_exfiltration":
-            apex = f"{_word(rng, org)}-{rng.choice(('sync', 'cdn', 'metrics', 'telemetry'))}.{rng.choice(('com', 'net', 'io'))}"
+            apex = (f"{_word(rng, org)}-{rng.choice(('sync', 'cdn', 'metrics', 'telemetry'))}"
+                    f".{rng.choice(('com', 'net', 'io'))}")
             ip = plan.ip_at(d.idx, inc.start)
             session = _name(rng, HEX, 6)
             answer = org.ext_pool[rng.randrange(len(org.ext_pool))]
@@ -353,7 +354,8 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
             ob, rb = 612, 289
             uid, fid, cid = sink.tcp(ts, ip, sport, bad, 80, "http", "http", 420_000, ob, rb, alerted=True)
             inc.ids += [uid, str(fid)]
-            sink.alert(ts + 95_000, ts, ip, sport, bad, 80, TCP, fid, cid, SIG_MALWARE, "http", (4, 3, ob + 66 * 4, 400))
+            sink.alert(ts + 95_000, ts, ip, sport, bad, 80, TCP, fid, cid, SIG_MALWARE, "http",
+                       (4, 3, ob + 66 * 4, 400))
             b: Device = inc.extra["b"]
             hb = plan.holding_at(b.idx, inc.extra["t_b"] + 60 * US)
             inc.host_ip = ip

@@ -19,7 +19,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from .org import DHCP_SERVER, Device, Org, Subnet
+from .org import Device, Org, Subnet
 
 US = 1_000_000
 HOUR = 3600 * US

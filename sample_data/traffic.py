@@ -15,8 +15,7 @@ import math
 import random
 
 from .community_id import TCP, UDP
-from .org import (APPLE_BG, IOT_CLOUDS, NTP_SERVERS, PUSH, RESOLVERS, TELEMETRY, Device,
-                  DomainInfo, Org, apex_of)
+from .org import APPLE_BG, IOT_CLOUDS, NTP_SERVERS, PUSH, RESOLVERS, TELEMETRY, Device, DomainInfo, Org, apex_of
 from .sensors import Sink
 
 US = 1_000_000
@@ -156,7 +155,8 @@ class Traffic:
         rb = int(min(4e7, rng.lognormvariate(9.0 if not big else 12.0, 1.5)))
         dur = int(min(1500 * US, rng.lognormvariate(13.5, 1.6)))
         state, hist = ("SF", "ShADadFf") if r < 0.93 else (("RSTO", "ShADadR") if r < 0.965 else ("RSTR", "ShADadr"))
-        service, app = ("ssl", "tls") if port in (443, 8443, 5223, 5228) else (("http", "http") if port == 80 else (None, "failed"))
+        service, app = (("ssl", "tls") if port in (443, 8443, 5223, 5228)
+                        else ("http", "http") if port == 80 else (None, "failed"))
         alerted = rng.random() < self.alert_rate
         uid, fid, cid = self.sink.tcp(t, ip, sport, dst, port, service, app, dur, ob, rb, state, hist, alerted)
         self._ids(uid, fid)

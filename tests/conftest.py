@@ -20,5 +20,6 @@ def spark():
 @pytest.fixture
 def real_logs() -> Path:
     if not REAL_LOGS.is_dir():
-        pytest.skip(f"real logs not present at {REAL_LOGS} (they live beside the repo in ../shared, not in a user's checkout)")
+        pytest.skip(f"real logs not present at {REAL_LOGS} "
+                    "(they live beside the repo in ../shared, not in a user's checkout)")
     return REAL_LOGS

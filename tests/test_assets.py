@@ -26,7 +26,6 @@ from assets.resources import LakeResource, SparkResource
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -100,8 +99,10 @@ def test_stage_discovery_without_metadata_uses_module_constants_and_names():
     named = stages.discover([("silver_dns", lambda *a: None)])
     assert named[0].writes == ("silver_dns",)
     # tables written by several stages become shared (one asset of their own) ...
-    both = stages.discover([_Stage("a", None, ("silver_dns", "silver_conn")), _Stage("b", None, ("silver_dhcp", "silver_conn"))])
-    assert [(s.writes, s.shared) for s in both] == [(("silver_dns",), ("silver_conn",)), (("silver_dhcp",), ("silver_conn",))]
+    both = stages.discover([_Stage("a", None, ("silver_dns", "silver_conn")),
+                            _Stage("b", None, ("silver_dhcp", "silver_conn"))])
+    assert [(s.writes, s.shared) for s in both] == [(("silver_dns",), ("silver_conn",)),
+                                                    (("silver_dhcp",), ("silver_conn",))]
     # ... but a stage needs a table of its own, and its tables must be known
     with pytest.raises(ValueError, match="writes only tables other stages write too"):
         stages.discover([("etl", etl.start), ("silver_dns", lambda *a: None)])
@@ -369,9 +370,11 @@ def _now():
 def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     downstream = _writing_stage("silver_dns", {"silver_dns": lambda s: s.createDataFrame(
         [], Lake.spec("silver_dns").schema)})
-    fake = [_Stage("etl", _writing_stage("etl", _etl_like(quarantined=5)), ("bronze_zeek", "quarantine", "silver_conn")),
+    fake = [_Stage("etl", _writing_stage("etl", _etl_like(quarantined=5)),
+                   ("bronze_zeek", "quarantine", "silver_conn")),
             _Stage("silver_dns", downstream, ("silver_dns",), reads=("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home"))
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+                             resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
         instance=DagsterInstance.ephemeral(), raise_on_error=False)
     checks = check_results(result)
@@ -387,7 +390,8 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     assert expectations.metadata["failed_expectations"].value[0]["examples"] == ["999.1.1.1"]
 
     # under the threshold (configurable) the downstream stage runs
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home2"))
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+                             resources=resources(tmp_path / "home2"))
     config = {"ops": {"silver__conn_quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
     ok = defs.resolve_job_def("run_once_job").execute_in_process(
         run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=False)
@@ -401,7 +405,8 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
 
     error = SchemaMismatchError("silver_conn: column 'proto' has type int in the table but string in the write")
     fake = [_Stage("etl", _writing_stage("etl", {}, error=error), ("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake, resources=resources(tmp_path / "home"))
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+                             resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
         instance=DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
@@ -441,7 +446,8 @@ def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, 
 
     threading.Thread(target=terminate_when_streaming, daemon=True).start()
     result = defs.resolve_job_def("stream_job").execute_in_process(
-        run_id=run_id, instance=instance, raise_on_error=False, run_config={"ops": {"stream_queries": {"config": {"cancel_poll_s": 0.5}}}})
+        run_id=run_id, instance=instance, raise_on_error=False,
+        run_config={"ops": {"stream_queries": {"config": {"cancel_poll_s": 0.5}}}})
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.CANCELED
     assert {q.id for q in spark.streams.active} - before == set()  # every query stopped
     failure = events(result, "STEP_FAILURE")[0].event_specific_data.error

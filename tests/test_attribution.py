@@ -72,8 +72,9 @@ def scenario() -> tuple[dict[str, list[dict]], dict[str, str | None]]:
         event("c03", at(10, 15), "10.1.0.10"), event("c04", at(10, 45), "10.1.0.10"),
         event("c05", at(11, 30), "10.1.0.10"), event("c06", at(12, 30), "10.1.0.10"),
         event("c07", at(8, 30), "10.1.0.20"), event("c08", at(9, 30), "10.1.0.30"),
-        event("c09", at(12, 0), "10.1.0.40"), event("c10", at(12, 45), "10.1.0.40"), event("c11", at(13, 30), "10.1.0.40"),
-        event("c12", at(8, 5), "10.1.0.50"), event("c13", at(8, 30), "10.1.0.60"), event("c14", at(9, 30), "10.1.0.60"),
+        event("c09", at(12, 0), "10.1.0.40"), event("c10", at(12, 45), "10.1.0.40"),
+        event("c11", at(13, 30), "10.1.0.40"), event("c12", at(8, 5), "10.1.0.50"),
+        event("c13", at(8, 30), "10.1.0.60"), event("c14", at(9, 30), "10.1.0.60"),
         event("c15", at(8, 15), "10.1.0.70"), event("c16", at(9, 0), "10.1.0.99"),
     ]
     expected = {"c01": A, "c02": A, "c03": None, "c04": B, "c05": B, "c06": None, "c07": L, "c08": L,
@@ -84,14 +85,18 @@ def scenario() -> tuple[dict[str, list[dict]], dict[str, str | None]]:
     return {"silver_dhcp": leases, "silver_conn": conn, "silver_dns": dns, "silver_ids_alerts": alerts}, expected
 
 
-def sentinels(table: str, day: dt.datetime = at(0, day=1)) -> list[dict]:
+NEXT_DAY = at(0, day=1)
+
+
+def sentinels(table: str, day: dt.datetime = NEXT_DAY) -> list[dict]:
     """Rows a day later that move every watermark past the test day, so all its rows are emitted.
 
     The enriched queries' watermark follows the newest lease segment, so the sentinel device
     holds a lease (cut into segments) while the DHCP watermark moves on."""
     if table == "silver_dhcp":
         return [dhcp("zz-dhcp-1", day, MAC["sentinel"], ["ACK"], assigned="10.9.9.9", lease=86400.0),
-                dhcp("zz-dhcp-2", day + dt.timedelta(hours=12), MAC["sentinel"], ["ACK"], assigned="10.9.9.9", lease=86400.0)]
+                dhcp("zz-dhcp-2", day + dt.timedelta(hours=12), MAC["sentinel"], ["ACK"], assigned="10.9.9.9",
+                     lease=86400.0)]
     return [event(f"zz-{table}", day + dt.timedelta(hours=12), "10.9.9.9")]
 
 
@@ -169,7 +174,8 @@ def test_device_inventory_and_bad_settings(spark, tmp_path, caplog):
     assert attribution.load_devices(spark, devices).count() == 0
     assert "no device inventory" in caplog.text
     devices.write_text("mac,device,owner,os\nAA-BB-CC-00-00-01,pc,ann,win\n,blank,,\n")
-    assert [tuple(r) for r in attribution.load_devices(spark, devices).collect()] == [("aa:bb:cc:00:00:01", "pc", "ann")]
+    assert ([tuple(r) for r in attribution.load_devices(spark, devices).collect()]
+            == [("aa:bb:cc:00:00:01", "pc", "ann")])
     devices.write_text("mac,device,owner\naa:bb:cc:00:00:01,pc,ann\nAA:BB:CC:00:00:01,pc2,bob\n")
     with pytest.raises(ValueError, match="line 3: MAC 'aa:bb:cc:00:00:01' is listed twice"):
         attribution.load_devices(spark, devices)
@@ -200,7 +206,8 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     assert got == expected
     conn = {r.event_id: r for r in lake.read(spark, "enriched_conn").collect()}
     assert (conn["c01"].device, conn["c01"].owner, conn["c01"].hostname) == ("PC-A", "alice", "pc-a")
-    assert (conn["c02"].hostname, conn["c07"].owner, conn["c04"].device, conn["c04"].hostname) == ("pc-a", "bob", None, "pc-b")
+    assert ((conn["c02"].hostname, conn["c07"].owner, conn["c04"].device, conn["c04"].hostname)
+            == ("pc-a", "bob", None, "pc-b"))
     assert conn["c16"].mac is None and conn["c16"].attributed_ip == "10.1.0.99"
     alert = lake.read(spark, "enriched_ids_alerts").where("event_id = 'a01'").first()
     assert (alert.attributed_ip, alert.device) == ("10.1.0.10", "PC-A")
@@ -264,7 +271,8 @@ def test_remcos_host_attributed_on_real_zeek_logs(spark, tmp_path, real_logs):
         commit(lake, table, sentinels(table, last.replace(tzinfo=UTC) + dt.timedelta(days=1)))
     run_stages(spark, lake, SETTINGS, ("enriched_conn",))
 
-    host = lake.read(spark, "enriched_conn").where("src_ip = '192.168.1.107'").groupBy("mac", "hostname").count().collect()
+    host = (lake.read(spark, "enriched_conn").where("src_ip = '192.168.1.107'")
+            .groupBy("mac", "hostname").count().collect())
     assert [(r.mac, r.hostname, r["count"]) for r in host] == [("08:00:27:5e:9a:a6", "NWin3", 741)]
     [lease, *_] = lake.read(spark, "dhcp_leases").where("ip = '192.168.1.107'").orderBy("valid_from").collect()
     assert (lease.start_reason, lease.end_reason, lease.lease_time) == ("backfill", "renew", 600.0)

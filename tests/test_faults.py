@@ -21,10 +21,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from deltalake import DeltaTable
-from urllib.parse import unquote
 
 from pipelines import etl
 from pipelines.home import Home
@@ -527,7 +527,8 @@ def _malformed_corpus(gen: Path, landing: Path) -> dict[str, dict]:
         "sensor": "zeek", "good": [first + i for i, (_, k) in enumerate(body) if k == "good"],
         "bad": [first + i for i, (_, k) in enumerate(body) if k == "bad"]}
 
-    eve_src = [line for line in next((gen / "landing" / "suricata").glob("eve.*.json")).read_bytes().split(b"\n") if line]
+    eve_file = next((gen / "landing" / "suricata").glob("eve.*.json"))
+    eve_src = [line for line in eve_file.read_bytes().split(b"\n") if line]
     ev = json.loads(eve_src[0])
     wrong = dict(ev, src_port="abc", timestamp=12345, flow_id="x")
     huge = dict(ev, host="h" * HUGE)
@@ -549,7 +550,8 @@ def _malformed_corpus(gen: Path, landing: Path) -> dict[str, dict]:
         "sensor": "suricata", "good": [1 + i for i, (_, k) in enumerate(eve_body) if k == "good"],
         "bad": [1 + i for i, (_, k) in enumerate(eve_body) if k == "bad"]}
     # Zeek JSON, empty files, a header-only TSV file, a file of newlines.
-    dns_json = [line for line in next((gen / "json" / "landing" / "zeek").glob("dns.*.log")).read_bytes().split(b"\n") if line]
+    dns_file = next((gen / "json" / "landing" / "zeek").glob("dns.*.log"))
+    dns_json = [line for line in dns_file.read_bytes().split(b"\n") if line]
     zj = json.loads(dns_json[0])
     zeek_json_body = [(dns_json[0], "good"), (dns_json[1][:25], "bad"),
                       (json.dumps(dict(zj, ts="yesterday", **{"id.orig_p": "x"})).encode(), None),
@@ -559,9 +561,10 @@ def _malformed_corpus(gen: Path, landing: Path) -> dict[str, dict]:
     corpus["dns.hostile-json.log"] = {
         "sensor": "zeek", "good": [1 + i for i, (_, k) in enumerate(zeek_json_body) if k == "good"],
         "bad": [1 + i for i, (_, k) in enumerate(zeek_json_body) if k == "bad"]}
+    headers_only = (b"\n".join(header).replace(b"#path\tconn", b"#path\tdns")
+                    + b"\n#close\t2026-11-20-01-00-00\n")
     for name, sensor, data in [("conn.empty.log", "zeek", b""), ("eve.empty.json", "suricata", b""),
-                               ("dns.headers-only.log", "zeek", b"\n".join(header).replace(b"#path\tconn", b"#path\tdns")
-                                + b"\n#close\t2026-11-20-01-00-00\n"),
+                               ("dns.headers-only.log", "zeek", headers_only),
                                ("eve.newlines.json", "suricata", b"\n\n\n")]:
         (landing / sensor / name).write_bytes(data)
         corpus[name] = {"sensor": sensor, "good": [], "bad": []}
@@ -603,7 +606,8 @@ def test_malformed_corpus_good_plus_quarantined_equals_lines_read(spark, small_j
         in_bronze = sum(1 for (f, _) in bronze if f == name)
         quarantined = sum(1 for (f, _) in quarantine if f == name)
         assert in_bronze == lines, f"{name}: {in_bronze} lines in bronze, the file has {lines}"
-        assert parsed_ok[name] + quarantined == lines, f"{name}: {parsed_ok[name]} good + {quarantined} quarantined != {lines}"
+        assert parsed_ok[name] + quarantined == lines, \
+            f"{name}: {parsed_ok[name]} good + {quarantined} quarantined != {lines}"
         for line in spec["bad"]:
             assert (name, line) in quarantine, f"{name} line {line} should be quarantined"
         for line in spec["good"]:

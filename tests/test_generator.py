@@ -76,7 +76,7 @@ def read_output(root: Path) -> dict:
             assert lines[-1] == b"", f"{path.name} does not end with a newline"
             lines = lines[:-1]
             if sensor == "zeek" and data.startswith(b"#separator"):
-                fields = next(l for l in lines if l.startswith(b"#fields")).decode().split("\t")[1:]
+                fields = next(line for line in lines if line.startswith(b"#fields")).decode().split("\t")[1:]
                 assert lines[-1].startswith(b"#close\t"), f"{path.name} has no #close"
             seen: set[bytes] = set()
             nbad = 0
@@ -229,7 +229,7 @@ def test_late_files_arrive_after_the_next_hour(day):
 
 def test_every_scenario_has_ground_truth_with_existing_ids(day):
     out, manifest, got = day
-    records = [json.loads(l) for l in (out / "ground_truth.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "ground_truth.jsonl").read_text().splitlines()]
     assert sorted(r["scenario"] for r in records) == sorted(SCENARIOS)
     assert manifest["scenarios"] == {s: 1 for s in SCENARIOS}
     lo, hi = manifest["params"]["start"], manifest["params"]["end"]
@@ -255,8 +255,8 @@ def _leases(rows) -> list[tuple[float, str, str]]:
 
 def test_reused_ip_alert_follows_the_lease_not_the_last_owner(day):
     out, _, got = day
-    rec = next(json.loads(l) for l in (out / "ground_truth.jsonl").read_text().splitlines()
-               if '"ids_alert_reused_ip"' in l)
+    rec = next(json.loads(line) for line in (out / "ground_truth.jsonl").read_text().splitlines()
+               if '"ids_alert_reused_ip"' in line)
     alert_ts = datetime.fromisoformat(rec["details"]["alert_time"].replace("Z", "+00:00")).timestamp()
     alerts = [a for a in got["rows"][("suricata", "alert")] if str(a["flow_id"]) in rec["event_ids"]]
     assert alerts and alerts[0]["alert"]["severity"] == 1 and alerts[0]["src_ip"] == rec["host_ip"]
@@ -269,7 +269,8 @@ def test_reused_ip_alert_follows_the_lease_not_the_last_owner(day):
 
 def test_roaming_laptop_and_new_device(day):
     out, _, got = day
-    recs = {json.loads(l)["scenario"]: json.loads(l) for l in (out / "ground_truth.jsonl").read_text().splitlines()}
+    recs = {json.loads(line)["scenario"]: json.loads(line)
+            for line in (out / "ground_truth.jsonl").read_text().splitlines()}
     roam = recs["roaming_laptop"]
     ips = {ip for _, ip, mac in _leases(got["rows"]) if mac == roam["mac"]}
     assert len(ips) >= 2 and roam["details"]["distinct_ips"] == len(ips)
@@ -282,7 +283,8 @@ def test_roaming_laptop_and_new_device(day):
 def test_scenario_signals(day):
     """The thresholds docs/sample-data.md promises to detection-rule authors."""
     out, _, got = day
-    recs = {json.loads(l)["scenario"]: json.loads(l) for l in (out / "ground_truth.jsonl").read_text().splitlines()}
+    recs = {json.loads(line)["scenario"]: json.loads(line)
+            for line in (out / "ground_truth.jsonl").read_text().splitlines()}
     dns = got["rows"][("zeek", "dns")]
     ex = recs["dns_exfiltration"]
     q = [r for r in dns if r["id.orig_h"] == ex["host_ip"] and r["query"].endswith("." + ex["details"]["apex"])]
@@ -317,7 +319,8 @@ def test_zeek_json_format(tmp_path):
     obj = json.loads(line)
     assert isinstance(obj["ts"], float) and "id.orig_h" in obj and "community_id" in obj
     dhcp = (out / "landing" / "zeek" / "dhcp.2026-11-20-00-00-00.log").read_text().splitlines()
-    assert all(isinstance(json.loads(l)["msg_types"], list) for l in dhcp if l.startswith("{") and l.endswith("}"))
+    assert all(isinstance(json.loads(line)["msg_types"], list)
+               for line in dhcp if line.startswith("{") and line.endswith("}"))
 
 
 def test_no_final_name_is_ever_partial(tmp_path, monkeypatch):
@@ -472,6 +475,6 @@ def test_formats_match_the_real_sensor_logs(real_logs, day):
         sub = key.split("/")[0]
         assert set(r[sub]) - {"metadata"} <= set(m[sub]), (key, set(r[sub]) - set(m[sub]))
     assert set(real_eve["dns/answer"]["dns"]["answers"][0]) == set(mine["dns/answer"]["dns"]["answers"][0])
-    real_dhcp = [json.loads(l) for l in open(real_logs / "zeek-json" / "dhcp.log")]
+    real_dhcp = [json.loads(line) for line in open(real_logs / "zeek-json" / "dhcp.log")]
     keys = set().union(*real_dhcp)
     assert keys <= set(ours[6].split("\t")[1:])

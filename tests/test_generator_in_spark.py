@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from sample_data import generator as gen
-
 from test_generator import tree_hashes
 
 # 4 hourly files x 100 devices: above the generator's threshold (400) for using worker processes

@@ -11,8 +11,20 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, DoubleType, IntegerType, LongType,
-                               MapType, StringType, StructField, StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from pipelines.lake.log import commits, summary
 from pipelines.lake.read import is_table, read_table

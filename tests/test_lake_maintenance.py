@@ -9,7 +9,7 @@ from delta.tables import DeltaTable
 
 from pipelines.lake.maintenance import compact, vacuum
 from pipelines.lake.read import read_table
-from test_lake_source import append, events, ids, run_available_now  # noqa: E402
+from test_lake_source import append, events, ids, run_available_now
 
 
 def small_files_table(spark, path, commits: int = 4) -> None:

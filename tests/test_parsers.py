@@ -158,7 +158,8 @@ def test_community_id_spark_matches_reference_both_directions(spark):
     rows += [("10.0.0.1", "not-an-ip", 1, 2, "tcp"), ("10.0.0.1", "10.0.0.2", None, 80, "tcp"),
              ("10.0.0.1", "2001:db8::1", 1, 2, "tcp"), ("10.0.0.1", "10.0.0.2", 70000, 80, "tcp")]
     df = spark.createDataFrame(rows, "s string, d string, sp int, dp int, p string")
-    got = {(r.s, r.d, r.sp, r.dp, r.p): r.cid for r in with_community_id(df, "cid", "s", "d", "sp", "dp", "p").collect()}
+    got = {(r.s, r.d, r.sp, r.dp, r.p): r.cid
+           for r in with_community_id(df, "cid", "s", "d", "sp", "dp", "p").collect()}
     for flow in VECTOR_TUPLES:
         expected = community_id_ref(*flow)
         assert got[flow] == expected, flow
@@ -225,7 +226,8 @@ def test_real_logs_key_fields_populated(real):
                           other_sensor="sensor != 'stratosphere.org'")
     assert alerts == {"rows": 745, "lineage": 0, "flow": 0, "no_signature": 0, "other_sensor": 0}
     # Event types without a silver table are good lines that live only in bronze.
-    kinds = {r.kind: r.n for r in to_bronze(eve).where("parse_ok").groupBy("kind").agg(F.count("*").alias("n")).collect()}
+    kinds = {r.kind: r.n
+             for r in to_bronze(eve).where("parse_ok").groupBy("kind").agg(F.count("*").alias("n")).collect()}
     assert kinds == {"flow": 3512, "alert": 745, "dns": 680, "http": 56, "fileinfo": 3, "anomaly": 3, "tls": 1}
 
 

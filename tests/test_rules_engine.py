@@ -8,20 +8,25 @@ from pathlib import Path
 
 import pytest
 
-# Python data sources run in Python workers started from PATH unless told otherwise (as in test_lake_source).
-
-from pipelines.home import Home  # noqa: E402
-from pipelines.jobs import report  # noqa: E402
-from pipelines.lake.read import read_table  # noqa: E402
-from pipelines.lake.registry import Lake  # noqa: E402
-from pipelines.lake.sink import DeltaSink  # noqa: E402
-from pipelines.rules.backtest import backtest  # noqa: E402
-from pipelines.rules.engine import (FailedQuery, MissingInputError, RuleManager, claim_checkpoint,  # noqa: E402
-                                    rule_stages, start_rule, stop_rule)
-from pipelines.rules.spec import RuleError, validate_rule  # noqa: E402
-from pipelines.rules.tables import ALERTS_TABLE, table_schema  # noqa: E402
-from pipelines.rules.testing import expand_rows  # noqa: E402
-from pipelines.settings import Settings  # noqa: E402
+from pipelines.home import Home
+from pipelines.jobs import report
+from pipelines.lake.read import read_table
+from pipelines.lake.registry import Lake
+from pipelines.lake.sink import DeltaSink
+from pipelines.rules.backtest import backtest
+from pipelines.rules.engine import (
+    FailedQuery,
+    MissingInputError,
+    RuleManager,
+    claim_checkpoint,
+    rule_stages,
+    start_rule,
+    stop_rule,
+)
+from pipelines.rules.spec import RuleError, validate_rule
+from pipelines.rules.tables import ALERTS_TABLE, table_schema
+from pipelines.rules.testing import expand_rows
+from pipelines.settings import Settings
 
 RULES = Path(__file__).resolve().parents[1] / "rules"
 DGA = RULES / "dns" / "dga_nxdomain_burst.sql"
@@ -86,7 +91,8 @@ def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark,
     rules = [validate_rule(DGA), validate_rule(TUNNEL)]
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
     append(spark, lake, "enriched_dns", 1, [tunnel("2026-11-20 10:00:00")], HOST_B)
-    append(spark, lake, "enriched_dns", 2, [dga_burst("2026-11-20 11:10:00", "b"), dga_burst("2026-11-20 12:40:00", "c")], HOST_A)
+    append(spark, lake, "enriched_dns", 2,
+           [dga_burst("2026-11-20 11:10:00", "b"), dga_burst("2026-11-20 12:40:00", "c")], HOST_A)
     first = run_all(spark, lake, rules)
     assert all(r.error is None for r in first), [r.line() for r in first]
     # Last event 12:40:29, watermark 2 h: the windows closed so far are 09:10 (DGA) and 10:00 (tunnel).
@@ -171,8 +177,9 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         first = manager.sync(spark, lake, settings, trigger, running)
         assert sorted(first.started) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"]
         assert all(isinstance(r.query.exception(), MissingInputError) for r in running)
-        append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
-                                                {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+        append(spark, lake, "enriched_dns", 0,
+               [dga_burst("2026-11-20 09:10:00", "a"), {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}],
+               HOST_A)
         retried = manager.sync(spark, lake, settings, trigger, running)
         assert sorted(retried.retried) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"] and not retried.restarted
         assert all(r.query.isActive for r in running)
@@ -191,7 +198,8 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         (folder / "new_rule.sql").write_text("SELECT 1")
         third = manager.sync(spark, lake, settings, trigger, running)
         assert not third and sorted(third.invalid) == ["rule:dns_tunneling", "rule:new_rule"]
-        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query and tunnel_query.isActive
+        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query
+        assert tunnel_query.isActive
 
         # Removing a file stops its query.
         (folder / TUNNEL.name).unlink()

@@ -186,7 +186,8 @@ def test_python_api_raises_sql_error(db):
 
 # ---- output -----------------------------------------------------------------------------------------
 
-QUERY = "SELECT event_id, query, answers, event_time FROM silver_dns WHERE event_id IN ('e1', 'e2', 'e3') ORDER BY event_id"
+QUERY = ("SELECT event_id, query, answers, event_time FROM silver_dns "
+         "WHERE event_id IN ('e1', 'e2', 'e3') ORDER BY event_id")
 
 
 def test_output_formats_and_row_limit(capsys, home):
@@ -233,11 +234,12 @@ def test_delta_sql_on_the_names(capsys, home):
 
 def test_tables_and_history(capsys, home, db):
     code, out, _ = run_cli(capsys, "tables", "--home", str(home.root))
-    row = next(l for l in out.splitlines() if l.startswith("silver_dns "))
+    row = next(line for line in out.splitlines() if line.startswith("silver_dns "))
     cells = [c.strip() for c in row.split("|")]
-    assert code == 0 and cells[:5] == ["silver_dns", "silver", "2", "600", str(db.tables().set_index("name").files["silver_dns"])]
+    assert code == 0
+    assert cells[:5] == ["silver_dns", "silver", "2", "600", str(db.tables().set_index("name").files["silver_dns"])]
     assert cells[-1] == "event_date"
-    assert "not created yet" in next(l for l in out.splitlines() if l.startswith("silver_conn "))
+    assert "not created yet" in next(line for line in out.splitlines() if line.startswith("silver_conn "))
 
     code, out, _ = run_cli(capsys, "history", "silver_dns", "--home", str(home.root), "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))

@@ -133,7 +133,9 @@ def to_port(value: str) -> str:
 
 
 def to_mac(value: str) -> str:
-    """SQL: any common MAC spelling ('08-00-27-5E-9A-A6', '0800.275e.9aa6') -> '08:00:27:5e:9a:a6'; NULL if not 48 bits."""
+    """SQL: any common MAC spelling ('08-00-27-5E-9A-A6', '0800.275e.9aa6') -> '08:00:27:5e:9a:a6'.
+
+    NULL if not 48 bits."""
     digits = f"regexp_replace(lower({value}), '[:.\\\\-\\\\s]', '')"
     return f"CASE WHEN {digits} RLIKE '^[0-9a-f]{{12}}$' THEN regexp_replace({digits}, '(..)(?!$)', '$1:') END"
 

@@ -37,7 +37,9 @@ def add_ip_hex(q: Query, **addresses: str) -> Query:
     >>> add_ip_hex(Query(["ip"]), h="ip").build(spark.createDataFrame([("fe80::1",)], "ip string")).first().h
     'FE800000000000000000000000000001'
     """
-    a, tail, full = {o: f"_{o}_a" for o in addresses}, {o: f"_{o}_tail" for o in addresses}, {o: f"_{o}_full" for o in addresses}
+    a = {o: f"_{o}_a" for o in addresses}
+    tail = {o: f"_{o}_tail" for o in addresses}
+    full = {o: f"_{o}_full" for o in addresses}
     # IPv6 only: drop a zone id ('fe80::1%eth0'), then turn a dotted-quad tail
     # ('::ffff:10.0.0.1') into two hex groups.
     v6_text = {o: f"CASE WHEN instr(`{ip}`, ':') > 0 THEN lower(substring_index(`{ip}`, '%', 1)) END"

@@ -9,7 +9,16 @@ and/or `grouped` map; v3 `queries` list, `type` request/response).
 from __future__ import annotations
 
 from pipelines.parsers.common import (
-    Query, bad, bad_time, first_error, line_checks, lit, to_mac, to_port, to_proto, to_time,
+    Query,
+    bad,
+    bad_time,
+    first_error,
+    line_checks,
+    lit,
+    to_mac,
+    to_port,
+    to_proto,
+    to_time,
 )
 
 

@@ -16,7 +16,7 @@ from pipelines.parsers.eve import FLOW_KINDS as EVE_FLOW_KINDS
 from pipelines.parsers.eve import parse_eve
 from pipelines.parsers.lines import check_source
 from pipelines.parsers.zeek import parse_zeek
-from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA, SILVER_KINDS, silver_schema, SILVER_SCHEMAS
+from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA, SILVER_KINDS, SILVER_SCHEMAS, silver_schema
 
 # Silver columns that are not payload: parse names them differently or derives them here.
 _LINEAGE = ("event_id", "event_time", "event_date", "source", "sensor", "source_file", "line_number")

@@ -9,7 +9,17 @@ rather than a NULL or an exception.
 from __future__ import annotations
 
 from pipelines.parsers.common import (
-    Query, bad, bad_time, file_stem, first_error, line_checks, lit, to_mac, to_port, to_proto, to_time,
+    Query,
+    bad,
+    bad_time,
+    file_stem,
+    first_error,
+    line_checks,
+    lit,
+    to_mac,
+    to_port,
+    to_proto,
+    to_time,
 )
 from pipelines.parsers.lines import separator_regex
 
@@ -50,7 +60,8 @@ def parse_zeek(q: Query) -> Query:
                _tsv="(zeek_header IS NOT NULL OR zeek_format = 'tsv' "
                     "OR (zeek_format IS NULL AND NOT startswith(ltrim(raw), '{')))")
     q.stage("*",
-               _vals=f"CASE WHEN _tsv AND _pre IS NULL THEN split(raw, {separator_regex('zeek_header.separator')}, -1) END",
+               _vals=f"CASE WHEN _tsv AND _pre IS NULL "
+                     f"THEN split(raw, {separator_regex('zeek_header.separator')}, -1) END",
                _j=f"CASE WHEN NOT _tsv AND _pre IS NULL THEN from_json(raw, {lit(JSON_SCHEMA)}) END")
     # Position of each field in this line's #fields (0 when absent: get() then gives NULL).
     q.stage("*", **{f"_i{i}": f"CAST(array_position(zeek_header.fields, {lit(name)}) - 1 AS INT)"
@@ -61,7 +72,8 @@ def parse_zeek(q: Query) -> Query:
 
     def raw_value(i: int, name: str) -> str:
         v = f"get(_vals, _i{i})"
-        tsv = f"CASE WHEN {v} = zeek_header.unset_field THEN NULL WHEN {v} = zeek_header.empty_field THEN '' ELSE {v} END"
+        tsv = (f"CASE WHEN {v} = zeek_header.unset_field THEN NULL "
+               f"WHEN {v} = zeek_header.empty_field THEN '' ELSE {v} END")
         return f"CASE WHEN _tsv THEN {tsv} ELSE _j.`{name}` END"
 
     q.stage([*base, "_pre", "_tsv"],
@@ -74,7 +86,8 @@ def parse_zeek(q: Query) -> Query:
 
     def listed(name: str) -> str:
         v = _r(name)
-        return (f"CASE WHEN _tsv THEN CASE WHEN {v} = '' THEN array() ELSE split({v}, {separator_regex('_set_sep')}, -1) END "
+        return (f"CASE WHEN _tsv THEN "
+                f"CASE WHEN {v} = '' THEN array() ELSE split({v}, {separator_regex('_set_sep')}, -1) END "
                 f"ELSE from_json({v}, 'array<string>') END")
 
     q.stage("*",
@@ -103,7 +116,8 @@ def parse_zeek(q: Query) -> Query:
         ("_tsv AND _no_header", lit("no #fields header")),
         ("NOT _tsv AND _no_json", lit("invalid JSON")),
         ("kind = 'dhcp' AND _old_dhcp", lit(OLD_DHCP)),
-        ("_tsv AND _nvals != _nfields", "format_string('wrong field count: %d values for %d #fields', _nvals, _nfields)"),
+        ("_tsv AND _nvals != _nfields",
+         "format_string('wrong field count: %d values for %d #fields', _nvals, _nfields)"),
         (f"{_r('ts')} IS NULL", lit("missing ts value")),
         bad_time("ts", _r("ts"), "event_time"),
         *checked(("conn", "dns"), ("id.orig_p", "src_port"), ("id.resp_p", "dst_port")),

@@ -168,7 +168,8 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
     incidents overlapping the range; `against` (another version of the rule) adds the alerts
     only one of them raises, matched on group keys and window.
 
-    >>> print("\\n".join(backtest(spark, lake, rule, ground_truth=home / "ground_truth.jsonl").lines()))  # doctest: +SKIP
+    >>> report = backtest(spark, lake, rule, ground_truth=home / "ground_truth.jsonl")  # doctest: +SKIP
+    >>> print("\\n".join(report.lines()))  # doctest: +SKIP
     """
     if start and end and start >= end:
         raise ValueError(f"--from {start} must be before --to {end}")

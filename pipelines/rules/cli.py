@@ -30,7 +30,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     rules_dir_arg(listing)
     listing.set_defaults(func=cmd_list)
 
-    validate = rules_sub.add_parser("validate", help="validate rule files (metadata, SQL safety); exit 1 if any is invalid")
+    validate = rules_sub.add_parser("validate",
+                                    help="validate rule files (metadata, SQL safety); exit 1 if any is invalid")
     validate.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                           help="rule files or folders (default: the rules folder)")
     rules_dir_arg(validate)
@@ -45,7 +46,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
         "backtest", help="run a rule as a batch query over the tables' history: alerts per day, entities, "
                          "precision/recall against <home>/ground_truth.jsonl, diff against another version")
     backtest.add_argument("rule", metavar="RULE", help="rule file name (slug), id or path to its .sql")
-    backtest.add_argument("--from", dest="start", default=None, help="first event time: 2026-11-20 or ISO-8601 (inclusive)")
+    backtest.add_argument("--from", dest="start", default=None,
+                          help="first event time: 2026-11-20 or ISO-8601 (inclusive)")
     backtest.add_argument("--to", dest="end", default=None,
                           help="last event time: a date means through that day; an ISO-8601 time is exclusive")
     backtest.add_argument("--against", default=None, metavar="REV|PATH",

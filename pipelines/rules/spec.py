@@ -342,7 +342,8 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
     target = table.this
     if not isinstance(target, exp.Identifier):
         what = target.sql(dialect="spark")[:60] if target is not None else "?"
-        raise RuleError(f"table-valued function or expression in FROM ({what}) is not allowed; read seclake tables by name")
+        raise RuleError(f"table-valued function or expression in FROM ({what}) is not allowed; "
+                        "read seclake tables by name")
     qualifier = ".".join(p for p in (table.catalog, table.db) if p)
     name = table.name
     if qualifier:

@@ -110,7 +110,8 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
         rows: dict[str, list[dict]] = {}
         for table, items in inputs.items():
             if table not in rule.tables:
-                raise RuleError(f"{where}: input table {table!r} is not read by the rule (it reads {list(rule.tables)})")
+                raise RuleError(f"{where}: input table {table!r} is not read by the rule "
+                                f"(it reads {list(rule.tables)})")
             if not isinstance(items, list):
                 raise RuleError(f"{where}: input {table} must be a list of rows")
             rows[table] = expand_rows(table, items, defaults.get(table) or {}, f"{where}, {table}")
