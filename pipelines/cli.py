@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--report-every", type=float, default=60.0, help="seconds between progress lines")
     stream.set_defaults(func=cmd_stream)
 
-    from pipelines.sql import add_commands as add_sql_commands
+    from pipelines.sql.commands import add_commands as add_sql_commands
 
     add_sql_commands(sub, _home_arg)
 

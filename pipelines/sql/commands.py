@@ -1,0 +1,104 @@
+"""The `seclake sql`, `tables` and `history` sub-commands: their arguments, and the shell or script they run."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from pipelines.sql.database import Database, connect
+from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
+from pipelines.sql.shell import Shell, readline_input
+from pipelines.sql.statements import parse_as_of, split_statements
+
+DEFAULT_LIMIT = 100
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    _check_output_args(args)
+    as_of = None if args.as_of is None else parse_as_of(args.as_of)
+    db = _database(args)
+    script = args.query if args.query is not None else (None if sys.stdin.isatty() else sys.stdin.read())
+    if script is None:
+        shell = Shell(db, args.format, args.limit, as_of, sys.stdout, sys.stderr)
+        read_line, save = readline_input(db)
+        count = len(db.created())
+        print(f"seclake sql: {count} table{'' if count == 1 else 's'} in {db.lake.home.root}; "
+              ".help for help, \\q to quit", file=sys.stderr)
+        try:
+            return shell.run(read_line)
+        finally:
+            save()
+    statements = split_statements(script)
+    if not statements:
+        raise ValueError("no SQL statement given")
+    for i, statement in enumerate(statements):
+        if i:
+            print()
+        write_frame(db, db.sql(statement, as_of=as_of), args.format, args.limit, sys.stdout, sys.stderr)
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    write_tables(connect(args.home).tables(), args.format, sys.stdout)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    _check_output_args(args)
+    frame = connect(args.home).history(args.table, limit=args.limit or None)
+    write_pandas(frame, args.format, sys.stdout)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `sql`, `tables` and `history` to the `seclake` command line."""
+    def output_args(parser: argparse.ArgumentParser, limit_help: str) -> None:
+        parser.add_argument("--format", choices=FORMATS, default="table",
+                            help="aligned table (default), CSV with a header, or JSON Lines")
+        parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=limit_help)
+
+    sql = sub.add_parser(
+        "sql", help="query the tables with Spark SQL (one statement, or an interactive shell)",
+        description="Run Spark SQL over every created table, each read at one committed snapshot. "
+                    "Without QUERY: an interactive shell on a terminal, else the statements on stdin.")
+    home_arg(sql)
+    sql.add_argument("query", nargs="?", metavar="QUERY",
+                     help='e.g. "SELECT query, count(*) c FROM silver_dns GROUP BY query ORDER BY c DESC LIMIT 10"')
+    output_args(sql, f"rows printed per statement, 0 = all (default {DEFAULT_LIMIT})")
+    sql.add_argument("--as-of", metavar="VERSION|TIMESTAMP",
+                     help="read every table as of a version (12) or time (2026-11-20T10:00:00Z); "
+                          "per table in the SQL: silver_dns@v12")
+    sql.set_defaults(func=cmd_sql)
+
+    tables = sub.add_parser("tables", help="list the tables: version, rows, files, size, last commit, partitioning")
+    home_arg(tables)
+    tables.add_argument("--format", choices=FORMATS, default="table",
+                        help="aligned table (default), CSV with a header, or JSON Lines")
+    tables.set_defaults(func=cmd_tables)
+
+    history = sub.add_parser("history", help="list a table's commits: version, time, operation, batch, rows added")
+    home_arg(history)
+    history.add_argument("table", metavar="TABLE")
+    output_args(history, f"newest commits shown, 0 = all (default {DEFAULT_LIMIT})")
+    history.set_defaults(func=cmd_history)
+
+
+def _database(args: argparse.Namespace) -> Database:
+    """The home's Database on a Spark session without UI; a bad home fails before Spark starts."""
+    from pyspark.sql import SparkSession
+
+    from pipelines.spark import get_spark
+
+    lake = connect(args.home).lake
+    fresh = SparkSession.getActiveSession() is None
+    spark = get_spark(app_name="seclake-sql", ui=False)
+    if fresh and "SECLAKE_SPARK_LOG_LEVEL" not in os.environ:
+        spark.sparkContext.setLogLevel("FATAL")  # a failing task is reported in one line, not a JVM trace
+    return Database(lake, spark)
+
+
+def _check_output_args(args: argparse.Namespace) -> None:
+    if args.limit < 0:
+        raise ValueError(f"--limit must be >= 0 (0 = no limit), got {args.limit}")
+
