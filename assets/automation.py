@@ -25,6 +25,7 @@ from dagster import (
 
 from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
 from assets.resources import LakeResource
+from pipelines import environment
 
 DEFAULT_CRON = "*/15 * * * *"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -102,7 +103,7 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
 
 def run_once_schedule_def(cron: str | None = None):
     """`run_once_schedule`: run_once_job every 15 minutes (`$SECLAKE_RUN_ONCE_CRON` overrides)."""
-    cron = cron or os.environ.get("SECLAKE_RUN_ONCE_CRON") or DEFAULT_CRON
+    cron = cron or environment.run_once_cron() or DEFAULT_CRON
 
     @schedule(name="run_once_schedule", cron_schedule=cron, job_name=RUN_ONCE_JOB, execution_timezone="UTC",
               default_status=DefaultScheduleStatus.STOPPED,

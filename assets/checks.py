@@ -10,7 +10,6 @@
 
 GE is imported when a check runs, not when the code location loads (it takes seconds).
 """
-import os
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -24,15 +23,18 @@ from dagster import (
 from pydantic import Field
 
 from assets.resources import LakeResource, SparkResource
-from assets.stages import StageInfo
 from assets.tables import table_key
+from pipelines import environment
 from pipelines.lake.registry import Lake
+from pipelines.parsers.sources import silver_feeds
+from pipelines.query import Stage
+from pipelines.stages import own_tables
 
 QUALITY_LAYERS = ("silver", "enriched")
 
 
 def _default_max_ratio() -> float:
-    return float(os.environ.get("SECLAKE_MAX_QUARANTINE_RATIO", "0.05"))
+    return environment.max_quarantine_ratio(0.05)
 
 
 class ExpectationsConfig(Config):
@@ -86,16 +88,9 @@ def expectations_check(table: str) -> AssetChecksDefinition:
     return _check
 
 
-def _sources_of(table: str) -> tuple[str, ...]:
-    from pipelines import schemas
-
-    kinds = getattr(schemas, "SILVER_KINDS", {}).get(table)
-    return tuple(sorted({source for source, _ in kinds})) if kinds else tuple(schemas.SOURCES)
-
-
 def quarantine_ratio_check(table: str) -> AssetChecksDefinition:
-    """The blocking `quarantine_ratio` check of a table fed by the sources in `SILVER_KINDS`."""
-    sources = _sources_of(table)
+    """The blocking `quarantine_ratio` check of a silver table, over the sources that feed it."""
+    sources = tuple(sorted({source for source, _ in silver_feeds(table)}))
 
     @asset_check(asset=table_key(table), name="quarantine_ratio", blocking=True,
                  description=f"quarantined / (good + quarantined) lines of {', '.join(sources)} under the limit; "
@@ -127,12 +122,12 @@ def _markdown(frame) -> str:
     return "\n".join([head, *rows])
 
 
-def quality_checks(stages: list[StageInfo]) -> list[AssetChecksDefinition]:
+def quality_checks(stages: list[Stage]) -> list[AssetChecksDefinition]:
     """`expectations` on silver/enriched tables; `quarantine_ratio` on silver tables of quarantining stages."""
     checks = []
     for stage in stages:
         quarantines = "quarantine" in stage.writes
-        for table in stage.writes:
+        for table in own_tables(stage, stages):
             layer = Lake.spec(table).layer
             if layer in QUALITY_LAYERS:
                 checks.append(expectations_check(table))

@@ -3,7 +3,7 @@
 Everything is built from the pipeline itself, so new tables, stages and rule files appear on the
 next reload without editing this package:
 
-- table assets from `pipelines.jobs.stages()` + the table registry (`assets/tables.py`);
+- table assets from `pipelines.stages.stages()` + the table registry (`assets/tables.py`);
 - one asset per `rules/**/*.sql` file plus the `alerts` table asset (`assets/rules.py`);
 - Great Expectations checks on silver and enriched tables (`assets/checks.py`);
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
@@ -14,19 +14,21 @@ from pathlib import Path
 
 from dagster import Definitions, in_process_executor
 
-from assets import automation, checks, jobs, rules, stages, tables
+from assets import automation, checks, jobs, rules, tables
 from assets.resources import resources_for_environment
+from pipelines.query import Stage
+from pipelines.stages import stages, table_stages
 
 
-def build_definitions(rules_dir: Path | str | None = None, stage_entries: Iterable | None = None,
+def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[Stage] | None = None,
                       env: str | None = None, resources: Mapping[str, object] | None = None) -> Definitions:
     """Assemble the definitions. `defs` uses the defaults; tests pass their own rules folder,
     stages or resources (default: `resources_for_environment(env)`).
 
-    >>> build_definitions().resolve_job_def("run_once_job").name  # doctest: +SKIP
+    >>> build_definitions().resolve_job_def("run_once_job").name
     'run_once_job'
     """
-    pipeline_stages = stages.discover(stage_entries)
+    pipeline_stages = table_stages(list(stage_list) if stage_list is not None else stages(rules_dir))
     assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(Path(rules_dir) if rules_dir else None)]
     return Definitions(
         assets=assets,

@@ -23,6 +23,7 @@ from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, table_key
 from pipelines import jobs as pipeline_jobs
 from pipelines.lake.registry import Lake
+from pipelines.query import QueryReport
 
 RUN_ONCE_JOB = "run_once_job"
 STREAM_JOB = "stream_job"
@@ -81,7 +82,7 @@ def stream_queries(context: OpExecutionContext, config: StreamConfig, spark: Spa
     watcher.start()
     versions: dict[str, int] = {}
 
-    def on_report(report: pipeline_jobs.QueryReport) -> None:
+    def on_report(report: QueryReport) -> None:
         context.log.info(report.line())
         _record_new_versions(context, report, versions, the_lake)
 

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
 from pipelines.lake.registry import Lake  # noqa: E402
+from pipelines.parsers.sources import get_source, source_names  # noqa: E402
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
@@ -45,7 +46,6 @@ MAC_REGEX = r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}$"
 
 PROTOCOLS = ["tcp", "udp", "icmp", "icmp6", "ipv6-icmp", "sctp", "gre", "esp", "ah", "igmp", "unknown_transport"]
 SEVERITIES = [1, 2, 3, 4]  # Suricata: 1 high .. 3 low; 4 is used by some rule sets
-SOURCES = ["zeek", "suricata"]
 QTYPES = ["A", "AAAA", "CNAME", "MX", "NS", "PTR", "SOA", "SRV", "TXT", "NAPTR", "DS", "DNSKEY", "RRSIG",
           "NSEC", "NSEC3", "HTTPS", "SVCB", "CAA", "ANY", "*", "AXFR", "IXFR", "NBSTAT", "NULL", "HINFO",
           "SPF", "OPT", "TLSA", "SSHFP", "WKS", "DNAME", "URI"]
@@ -88,7 +88,7 @@ def expectations_for(table: str, schema: StructType | None = None) -> list[gxe.E
         elif column == "severity":
             out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=SEVERITIES))
         elif column == "source":
-            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=SOURCES))
+            out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=list(source_names())))
         elif column == "qtype_name":
             out.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=QTYPES, mostly=QTYPES_MOSTLY))
         elif column == "conn_state":
@@ -259,7 +259,7 @@ def validate_table(spark: SparkSession, lake: Lake, table: str, *, engine: str =
 
 # --- quarantine ratio --------------------------------------------------------------------------
 
-def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tuple[str, ...] = tuple(SOURCES),
+def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tuple[str, ...] | None = None,
                       window_hours: float | None = DEFAULT_WINDOW_HOURS,
                       now: datetime | None = None) -> pd.DataFrame:
     """Per source: good lines (bronze, parse_ok), quarantined lines, and their ratio.
@@ -267,6 +267,7 @@ def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tupl
     Counts lines ingested in the last `window_hours` (all lines if None), so that a bad file
     stands out instead of being diluted by the table's history.
     """
+    sources = tuple(sources) if sources is not None else source_names()
     since = None
     if window_hours is not None:
         since = (now or datetime.now(timezone.utc)) - timedelta(hours=window_hours)
@@ -276,7 +277,7 @@ def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tupl
 
     good = {s: 0 for s in sources}
     for source in sources:
-        table = f"bronze_{source}"
+        table = get_source(source).bronze_table
         if lake.exists(table):
             df = recent(lake.read(spark, table))
             if "parse_ok" in df.columns:

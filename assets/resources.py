@@ -12,12 +12,12 @@ or `ci`).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
+from pipelines import environment
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
@@ -107,7 +107,7 @@ def resources_for_environment(env: str | None = None) -> dict[str, ConfigurableR
     >>> sorted(resources_for_environment("local"))
     ['lake', 'spark']
     """
-    env = env or os.environ.get("SECLAKE_ENV") or "local"
+    env = env or environment.dagster_env() or "local"
     if env == "local":
         return {"spark": SparkResource(), "lake": LakeResource()}
     if env == "ci":

@@ -11,7 +11,6 @@ A rule file that does not validate still gets its asset, described as invalid, w
 materialisation fails with the validation error (not retried): one bad file neither breaks the
 code location nor disappears silently.
 """
-import os
 import re
 from pathlib import Path
 
@@ -27,26 +26,18 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from assets.stages import ALERTS_TABLE, StageError, run_stage
 from assets.tables import LAKE_POOL, RETRY_POLICY, as_failure, run_metadata, shared_table_asset, table_key
 from pipelines.lake.registry import Lake
+from pipelines.query import Stage
+from pipelines.rules.pack import default_rules_dir
+from pipelines.rules.spec import query_name
+from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.stages import StageError, run_stage
 
 RULES_GROUP = "rules"
-DEFAULT_RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
-
-
-def rules_dir_from_env() -> Path:
-    """`$SECLAKE_RULES` (as the CLI), else the repository's `rules/` folder."""
-    return Path(os.environ.get("SECLAKE_RULES") or DEFAULT_RULES_DIR)
-
-
 def rule_key(slug: str) -> AssetKey:
     """`rules/<slug>`: the asset of one rule file (slug = file name without `.sql`)."""
     return AssetKey([RULES_GROUP, slug])
-
-
-def _op_name(slug: str) -> str:
-    return "rule_" + re.sub(r"[^A-Za-z0-9_]", "_", slug)
 
 
 def _tag_value(value) -> str:
@@ -87,10 +78,10 @@ def rule_asset(rule) -> AssetsDefinition:
 
     known = set(Lake.names())
     deps = [table_key(t) for t in rule.tables if t in known]
-    op_name = _op_name(rule.slug)
+    op_name = rule.query_name
 
-    def start(spark, lake, settings, trigger):
-        return start_rule(spark, lake, settings, trigger, rule)
+    stage = Stage(rule.query_name, reads=tuple(rule.tables), writes=(ALERTS_TABLE,),
+                  start=lambda spark, lake, settings, trigger: start_rule(spark, lake, settings, trigger, rule))
 
     @multi_asset(
         name=op_name,
@@ -113,7 +104,7 @@ def rule_asset(rule) -> AssetsDefinition:
     def _rule(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
         try:
-            report = run_stage(spark.session, the_lake, lake.stream_settings, rule.query_name, start)
+            report = run_stage(spark.session, the_lake, lake.stream_settings, stage)
         except StageError as err:
             if err.error_class == MissingInputError.__name__:
                 # Nothing upstream has written the rule's input yet (no such events so far).
@@ -134,7 +125,7 @@ def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> Asse
     slug = slug or Path(path).stem
 
     @multi_asset(
-        name=_op_name(slug),
+        name=query_name(slug),
         specs=[AssetSpec(key=rule_key(slug), description=f"INVALID rule file, not deployed: {reason}",
                          group_name=RULES_GROUP, kinds={"sql"},
                          metadata={"rule_file": MetadataValue.path(str(path)), "error": reason},
@@ -149,7 +140,7 @@ def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> Asse
 
 def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:
     """One asset per `.sql` file under `rules_dir` plus the `alerts` table asset depending on them."""
-    folder = Path(rules_dir) if rules_dir else rules_dir_from_env()
+    folder = Path(rules_dir) if rules_dir else default_rules_dir()
     if not folder.is_dir():
         return []
     pack = scan(folder)

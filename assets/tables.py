@@ -22,9 +22,9 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from assets.stages import StageError, StageInfo, run_stage
-from pipelines.jobs import QueryReport
 from pipelines.lake.registry import Lake
+from pipelines.query import QueryReport, Stage
+from pipelines.stages import StageError, own_tables, run_stage, shared_tables
 
 # Every op that writes a table runs in this pool; give it limit 1 so that two runs never write
 # at once (docs/dagster.md: `dagster instance concurrency set seclake_lake 1`).
@@ -111,29 +111,30 @@ def as_failure(err: StageError, lake: Lake) -> Failure:
     return Failure(description=str(err), metadata=meta, allow_retries=True)
 
 
-def stage_asset(stage: StageInfo) -> AssetsDefinition:
-    """The multi-asset of one stage: one spec per table it writes, one query run per materialisation."""
+def stage_asset(stage: Stage, writes: tuple[str, ...]) -> AssetsDefinition:
+    """The multi-asset of one stage: one spec per table in `writes` (the tables only it writes),
+    one query run per materialisation."""
     deps = [table_key(t) for t in stage.reads]
-    quarantine = "quarantine" if "quarantine" in stage.writes else None
+    quarantine = "quarantine" if "quarantine" in writes else None
 
     @multi_asset(
         name=stage.name,
-        specs=[table_spec(t, deps) for t in stage.writes],
+        specs=[table_spec(t, deps) for t in writes],
         can_subset=False,
         pool=LAKE_POOL,
         retry_policy=RETRY_POLICY,
         description=f"Streaming query `{stage.name}` run with Trigger.AvailableNow; writes "
-                    + ", ".join(f"`{t}`" for t in stage.writes),
+                    + ", ".join(f"`{t}`" for t in writes),
         op_tags={"seclake/stage": stage.name},
     )
     def _stage(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
         try:
-            report = run_stage(spark.session, the_lake, lake.stream_settings, stage.name, stage.start)
+            report = run_stage(spark.session, the_lake, lake.stream_settings, stage)
         except StageError as err:
             raise as_failure(err, the_lake) from err
         context.log.info(report.line())
-        for table in stage.writes:
+        for table in writes:
             yield MaterializeResult(asset_key=table_key(table),
                                     metadata=run_metadata(report, table, the_lake, quarantine))
 
@@ -173,23 +174,13 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
     return _shared
 
 
-def stage_assets(stages: list[StageInfo]) -> list[AssetsDefinition]:
-    """One multi-asset per stage, and one asset per table several stages write.
-
-    A registry table that no stage declares (e.g. one a stage writes besides its own table,
-    when its `stages()` entry does not list `writes`) still gets an asset, recorded after
-    every stage has run.
+def stage_assets(stages: list[Stage]) -> list[AssetsDefinition]:
+    """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), and one asset per
+    table several of them write (`late_events`).
     """
-    from assets.stages import ALERTS_TABLE, shared_tables
-
-    assets = [stage_asset(s) for s in stages]
-    for table, writers in shared_tables(stages).items():
-        keys = [table_key(t) for w in writers for t in w.writes]
+    shared = shared_tables(stages)
+    assets = [stage_asset(s, own_tables(s, stages)) for s in stages]
+    for table, writers in shared.items():
+        keys = [table_key(t) for w in writers for t in own_tables(w, stages)]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))
-    claimed = {t for s in stages for t in (*s.writes, *s.shared)} | {ALERTS_TABLE}
-    after_all = [table_key(s.writes[0]) for s in stages]
-    for table in Lake.names():
-        if table not in claimed:
-            assets.append(shared_table_asset(
-                table, after_all, "a query whose stage does not declare it (list it in the stage's `writes`)"))
     return assets

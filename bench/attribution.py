@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipelines import attribution, etl, jobs  # noqa: E402
+from pipelines import attribution, etl, query  # noqa: E402
 from pipelines.home import Home  # noqa: E402
 from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.lake.sink import DeltaSink  # noqa: E402
@@ -31,20 +31,20 @@ from pipelines.spark import get_spark  # noqa: E402
 from sample_data.generator import generate  # noqa: E402
 
 
-def run(spark, lake: Lake, settings: Settings, name: str, start) -> jobs.QueryReport:
+def run(spark, lake: Lake, settings: Settings, name: str, start) -> query.QueryReport:
     began = time.monotonic()
-    running = start(spark, lake, settings, jobs.AVAILABLE_NOW)
+    running = start(spark, lake, settings, query.AVAILABLE_NOW)
     try:
         running.query.awaitTermination()
     finally:
         running.writer.close()
-    rep = jobs.report(running, began)
+    rep = query.report(running, began)
     if rep.error:
         raise SystemExit(f"{name} failed: {rep.error}")
     return rep
 
 
-def stateless_copy(spark, lake: Lake, settings: Settings, trigger: dict) -> jobs.RunningQuery:
+def stateless_copy(spark, lake: Lake, settings: Settings, trigger: dict) -> query.RunningQuery:
     """Baseline: silver_conn -> a copy, same source, read limit and sink as enriched_conn, no join."""
     sink = DeltaSink(lake.home.table("bench_conn_copy"), app_id="bench_conn_copy", partition_by=["event_date"])
 
@@ -52,21 +52,20 @@ def stateless_copy(spark, lake: Lake, settings: Settings, trigger: dict) -> jobs
         history: list = []
 
         def __call__(self, df, batch_id):
-            result = sink.write_batch(df, batch_id)
-            self.history.append(attribution.BatchStats(batch_id, {result.table: result.rows}))
+            stats = query.BatchStats(batch_id)
+            stats.record(sink.write_batch(df, batch_id))
+            self.history.append(stats)
 
         def close(self):
             """Nothing to release."""
 
     writer = Writer()
-    query = (read_stream(spark, lake.path("silver_conn"), max_files=settings.max_files_per_trigger)
-             .writeStream.foreachBatch(writer)
-             .option("checkpointLocation", str(lake.home.checkpoint("bench_conn_copy")))
-             .trigger(**trigger).start())
-    return jobs.RunningQuery("bench_conn_copy", query, writer, ("bench_conn_copy",))
+    frame = read_stream(spark, lake.path("silver_conn"), max_files=settings.max_files_per_trigger)
+    started = query.start_query(frame, "bench_conn_copy", writer, lake.home.checkpoint("bench_conn_copy"), trigger)
+    return query.RunningQuery("bench_conn_copy", started, writer, ("bench_conn_copy",))
 
 
-def throughput(rep: jobs.QueryReport) -> int:
+def throughput(rep: query.QueryReport) -> int:
     silver = sum(n for table, n in rep.rows_out.items() if table.startswith("silver_"))
     return silver if rep.name == "etl" else rep.rows_in
 
@@ -89,8 +88,8 @@ def flush(spark, lake: Lake, settings: Settings) -> None:
                     .withColumn("mac", F.lit("02:ff:ff:ff:ff:ff")).withColumn("lease_time", F.lit(86400.0)))
         sink = DeltaSink(lake.path(table), app_id="bench_flush", partition_by=["event_date"])
         sink.write_batch(rows, 0)
-    for name, start in attribution.STAGES:
-        run(spark, lake, settings, name, start)
+    for stage in attribution.stages():
+        run(spark, lake, settings, stage.name, stage.start)
 
 
 def du(path: Path) -> int:
@@ -119,7 +118,7 @@ def main() -> None:
     settings = Settings().with_overrides({"max_lease_age": args.max_lease_age})
     reports = [run(spark, lake, settings, "etl", etl.start)]
     reports.append(run(spark, lake, settings, "bench_conn_copy", stateless_copy))
-    reports += [run(spark, lake, settings, name, start) for name, start in attribution.STAGES]
+    reports += [run(spark, lake, settings, s.name, s.start) for s in attribution.stages()]
 
     print(f"\nmax_lease_age={settings.max_lease_age}, event/lease watermark "
           f"{settings.event_watermark}/{settings.lease_watermark}")
@@ -137,8 +136,8 @@ def main() -> None:
           f"{(join.rows_in / join.duration_s) / (copy.rows_in / copy.duration_s):.2f}x the rows/s")
     print(f"enriched_conn join vs stateless ETL: "
           f"{(join.rows_in / join.duration_s) / (throughput(etl_report) / etl_report.duration_s):.2f}x the rows/s")
-    print(f"dhcp_leases + 3 enriched queries vs ETL: "
-          f"{sum(by_name[n].duration_s for n, _ in attribution.STAGES) / etl_report.duration_s:.2f}x the ETL's time")
+    joins_s = sum(by_name[s.name].duration_s for s in attribution.stages())
+    print(f"dhcp_leases + 3 enriched queries vs ETL: {joins_s / etl_report.duration_s:.2f}x the ETL's time")
 
     held = sum(lake.read(spark, t).count() for t in attribution.ENRICHED_INPUTS.values()) - \
         sum(lake.read(spark, t).count() for t in ENRICHED_SCHEMAS)

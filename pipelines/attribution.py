@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import csv
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -30,13 +29,10 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
 from pipelines.lake.registry import Lake
-from pipelines.lake.sink import CommitResult
 from pipelines.lake.source import check_resumable, read_stream
+from pipelines.query import BatchStats, RunningQuery, Stage, start_query
 from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA
 from pipelines.settings import Settings
-
-if TYPE_CHECKING:
-    from pipelines.jobs import RunningQuery
 
 log = logging.getLogger("seclake")
 
@@ -421,15 +417,6 @@ def _millis(interval: str, setting: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # Writing: one foreachBatch writer per query, and the starters jobs.py runs
 
-@dataclass
-class BatchStats:
-    """What one micro-batch wrote: rows and versions per table."""
-
-    batch_id: int
-    rows: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=dict)
-
-
 class AttributionWriter:
     """The `foreachBatch` function of one attribution query: writes its table exactly once per
     batch, then records the earlier batches whose watermark dropped rows in `late_events`.
@@ -453,7 +440,7 @@ class AttributionWriter:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         stats = BatchStats(batch_id)
-        self._add(stats, self.sink.write_batch(rows, batch_id))
+        stats.record(self.sink.write_batch(rows, batch_id))
         self._record_late(stats)
         self.history.append(stats)
 
@@ -478,31 +465,18 @@ class AttributionWriter:
                              datetime.fromisoformat(watermark.replace("Z", "+00:00")) if watermark else None,
                              dropped, now))
         if late:
-            self._add(stats, self.late_sink.write_batch(self.spark.createDataFrame(late, LATE_EVENTS_SCHEMA), last))
+            stats.record(self.late_sink.write_batch(self.spark.createDataFrame(late, LATE_EVENTS_SCHEMA), last))
         self._recorded = last
 
-    @staticmethod
-    def _add(stats: BatchStats, result: CommitResult) -> None:
-        if result.version is not None:
-            stats.rows[result.table] = stats.rows.get(result.table, 0) + result.rows
-            stats.versions[result.table] = result.version
 
-
-def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, trigger: dict) -> "RunningQuery":
-    from pipelines.jobs import RunningQuery
-
+def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, trigger: dict) -> RunningQuery:
     check_resumable(lake.home.checkpoint(name))
-    query = (frame.writeStream
-             .queryName(name)
-             .foreachBatch(writer)
-             .option("checkpointLocation", str(lake.home.checkpoint(name)))
-             .trigger(**trigger)
-             .start())
+    query = start_query(frame, name, writer, lake.home.checkpoint(name), trigger)
     writer.query = query
     return RunningQuery(name, query, writer, (name, LATE_EVENTS))
 
 
-def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> "RunningQuery":
+def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the dhcp_leases query (silver_dhcp -> dhcp_leases) with `trigger`.
 
     >>> start_leases(spark, lake, Settings(), {"availableNow": True}).query.awaitTermination()  # doctest: +SKIP
@@ -517,7 +491,7 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     return _run(LEASES, lease_segments(dhcp, settings), writer, lake, trigger)
 
 
-def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> "RunningQuery":
+def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
     """Start the query writing `table` (enriched_conn, enriched_dns or enriched_ids_alerts).
 
     dhcp_leases must exist (`start_leases` creates it).
@@ -534,26 +508,13 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
 
-class Stage(NamedTuple):
-    """One attribution query as `jobs.stages()` lists it: unpacks as (name, start), and tells the
-    Dagster layer the tables it writes and reads.
+def stages() -> list[Stage]:
+    """The attribution queries in dependency order: `dhcp_leases`, then one per enriched table.
 
-    >>> name, start = STAGES[1]; (name, STAGES[1].reads)
-    ('enriched_conn', ('silver_conn', 'dhcp_leases'))
+    >>> [(s.name, s.reads) for s in stages()][:2]
+    [('dhcp_leases', ('silver_dhcp',)), ('enriched_conn', ('silver_conn', 'dhcp_leases'))]
     """
-
-    name: str
-    start: Callable[..., "RunningQuery"]
-
-    @property
-    def writes(self) -> tuple[str, ...]:
-        return (self.name, LATE_EVENTS)
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return ("silver_dhcp",) if self.name == LEASES else (ENRICHED_INPUTS[self.name], LEASES)
-
-
-# The stages jobs.py runs after the ETL, in dependency order.
-STAGES: list[Stage] = [Stage(LEASES, start_leases),
-                       *(Stage(table, partial(start_enriched, table=table)) for table in ENRICHED_INPUTS)]
+    return [Stage(LEASES, reads=("silver_dhcp",), writes=(LEASES, LATE_EVENTS), start=start_leases),
+            *(Stage(table, reads=(events, LEASES), writes=(table, LATE_EVENTS),
+                    start=partial(start_enriched, table=table))
+              for table, events in ENRICHED_INPUTS.items())]

@@ -1,31 +1,35 @@
 """Streaming ETL: landing files -> bronze_<source>, quarantine and silver_<kind> Delta tables.
 
-One query (`etl`, checkpoint `checkpoints/etl`) reads `landing/zeek/` and `landing/suricata/`
-with Spark's file source and, per micro-batch, commits every table it writes with the same
-txn(app_id="etl", batch_id): good rows, quarantined rows and raw lines of one batch land together
-or, after a crash, are replayed together.
+One query (`etl`, checkpoint `checkpoints/etl`) reads `landing/<source>/` of every registered
+source (`pipelines/parsers/sources.py`) with Spark's file source and, per micro-batch, commits every
+table it writes with the same txn(app_id="etl", batch_id): good rows, quarantined rows and raw
+lines of one batch land together or, after a crash, are replayed together.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
-from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
-from pipelines.schemas import SILVER_KINDS, SILVER_SCHEMAS, SOURCES
+from pipelines.parsers.sources import silver_feeds, sources
+from pipelines.query import BatchStats, RunningQuery, Stage, start_query
+from pipelines.schemas import SILVER_SCHEMAS
 from pipelines.settings import Settings
 
-if TYPE_CHECKING:
-    # For the annotation only: start() imports it at run time, as pipelines.jobs imports this module.
-    from pipelines.jobs import RunningQuery
-
 QUERY_NAME = "etl"
-ETL_TABLES: tuple[str, ...] = (*(f"bronze_{s}" for s in SOURCES), "quarantine", *SILVER_SCHEMAS)
+
+
+def etl_tables() -> tuple[str, ...]:
+    """The tables the ETL writes: one bronze table per source, quarantine, every silver table.
+
+    >>> etl_tables()[:3]
+    ('bronze_zeek', 'bronze_suricata', 'quarantine')
+    """
+    return (*(s.bronze_table for s in sources()), "quarantine", *SILVER_SCHEMAS)
 
 
 def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFrame:
@@ -35,7 +39,7 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
     Spark's file source ignores names starting with `.` or `_`: the sensors' temp files.
     """
     streams = []
-    for source in SOURCES:
+    for source in (s.name for s in sources()):
         folder = lake.home.landing / source
         folder.mkdir(parents=True, exist_ok=True)
         streams.append(
@@ -49,17 +53,7 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
             .load(str(folder))
             .select(F.lit(source).alias("source"), F.col("_metadata.file_path").alias("file"),
                     F.col("value").alias("text")))
-    return streams[0].unionByName(streams[1])
-
-
-@dataclass
-class BatchStats:
-    """What one ETL micro-batch wrote: rows and versions per table."""
-
-    batch_id: int
-    rows: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
+    return reduce(DataFrame.unionByName, streams)
 
 
 def parse_files(files: DataFrame) -> DataFrame:
@@ -68,20 +62,18 @@ def parse_files(files: DataFrame) -> DataFrame:
     Applied to the stream, not inside foreachBatch: the parse plan is large, and Spark parses and
     analyses it once per query start instead of once per micro-batch.
     """
-    frames = [parse(split_lines(files.where(F.col("source") == source), source), source) for source in SOURCES]
-    return frames[0].unionByName(frames[1])
+    frames = [parse(split_lines(files.where(F.col("source") == s.name), s.name), s.name) for s in sources()]
+    return reduce(DataFrame.unionByName, frames)
 
 
 class EtlWriter:
-    """The `foreachBatch` function of the ETL query: one parsed micro-batch -> every ETL table.
-
-    >>> writer = EtlWriter(Lake(Home.resolve("/tmp/x")))  # doctest: +SKIP
-    >>> parse_files(landing_files(spark, lake, settings)).writeStream.foreachBatch(writer)  # doctest: +SKIP
-    """
+    """The `foreachBatch` function of the ETL query (`start`): one parsed micro-batch -> every ETL table,
+    all committed with txn(app_id="etl", batch_id)."""
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
-        self.sinks = {name: lake.sink(name, app_id=QUERY_NAME) for name in ETL_TABLES}
+        self.sources = sources()
+        self.sinks = {name: lake.sink(name, app_id=QUERY_NAME) for name in etl_tables()}
         self.history: list[BatchStats] = []
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
@@ -93,15 +85,15 @@ class EtlWriter:
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
             quarantine = to_quarantine(parsed).withColumns(ingest)
-            self._record(stats, self.sinks["quarantine"].write_batch(quarantine, batch_id))
-            for source in SOURCES:
-                bronze = to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
-                self._record(stats, self.sinks[f"bronze_{source}"].write_batch(bronze, batch_id))
+            stats.record(self.sinks["quarantine"].write_batch(quarantine, batch_id))
+            for source in self.sources:
+                bronze = to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest)
+                stats.record(self.sinks[source.bronze_table].write_batch(bronze, batch_id))
             fresh = parsed.where(~F.col("_repeat"))
             bounds = self._bounds(fresh)
             for table in SILVER_SCHEMAS:
                 rows = self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
-                self._record(stats, self.sinks[table].write_batch(rows, batch_id))
+                stats.record(self.sinks[table].write_batch(rows, batch_id))
         finally:
             parsed.unpersist()
         self.history.append(stats)
@@ -116,8 +108,8 @@ class EtlWriter:
                 .agg(F.min("event_time").alias("lo"), F.max("event_time").alias("hi")).collect())
         by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows}
         bounds = {}
-        for table, feeds in SILVER_KINDS.items():
-            spans = [by_kind[f] for f in feeds if f in by_kind]
+        for table in SILVER_SCHEMAS:
+            spans = [by_kind[f] for f in silver_feeds(table) if f in by_kind]
             if spans:
                 bounds[table] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
         return bounds
@@ -139,24 +131,15 @@ class EtlWriter:
                 .select("event_id"))
         return rows.join(seen, "event_id", "left_anti")
 
-    @staticmethod
-    def _record(stats: BatchStats, result: CommitResult) -> None:
-        if result.skipped:
-            stats.skipped.append(result.table)
-        elif result.version is not None:
-            stats.rows[result.table] = result.rows
-            stats.versions[result.table] = result.version
 
-
-def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> "RunningQuery":
+def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
-    from pipelines.jobs import RunningQuery
-
     writer = EtlWriter(lake)
-    query = (parse_files(landing_files(spark, lake, settings)).writeStream
-             .queryName(QUERY_NAME)
-             .foreachBatch(writer)
-             .option("checkpointLocation", str(lake.home.checkpoint(QUERY_NAME)))
-             .trigger(**trigger)
-             .start())
-    return RunningQuery(QUERY_NAME, query, writer, ETL_TABLES)
+    query = start_query(parse_files(landing_files(spark, lake, settings)), QUERY_NAME, writer,
+                        lake.home.checkpoint(QUERY_NAME), trigger)
+    return RunningQuery(QUERY_NAME, query, writer, etl_tables())
+
+
+def stage() -> Stage:
+    """The ETL as a pipeline stage: reads landing folders (no table), writes `etl_tables()`."""
+    return Stage(QUERY_NAME, reads=(), writes=etl_tables(), start=start)

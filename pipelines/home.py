@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines import environment
+
 DEFAULT_HOME = "seclake-home"
 
 
@@ -22,7 +24,7 @@ class Home:
     @classmethod
     def resolve(cls, home: str | os.PathLike | None = None) -> "Home":
         """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute."""
-        chosen = home or os.environ.get("SECLAKE_HOME") or DEFAULT_HOME
+        chosen = home or environment.home() or DEFAULT_HOME
         return cls(Path(chosen).expanduser().resolve())
 
     @property

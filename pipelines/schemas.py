@@ -1,4 +1,4 @@
-"""Schemas of the bronze, quarantine and silver tables, and the column each is partitioned by.
+"""Schemas of every table (bronze, quarantine, silver, attribution, alerts) and the column each is partitioned by.
 
 Built from StructField constructors (not DDL strings) so importing this module needs no
 SparkSession. Every column is documented in docs/tables.md.
@@ -18,8 +18,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-SOURCES: tuple[str, ...] = ("zeek", "suricata")
 
 
 def _fields(*columns: tuple[str, DataType]) -> list[StructField]:
@@ -126,13 +124,15 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     **{table: ["event_date"] for table in SILVER_SCHEMAS},
 }
 
-# Which (source, kind) pairs feed each silver table.
-SILVER_KINDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "silver_dns": (("zeek", "dns"), ("suricata", "dns")),
-    "silver_dhcp": (("zeek", "dhcp"), ("suricata", "dhcp")),
-    "silver_conn": (("zeek", "conn"), ("suricata", "flow")),
-    "silver_ids_alerts": (("suricata", "alert"),),
+# What each silver table holds, for the catalog and the Dagster UI; which sources feed it is
+# declared by the sources (`pipelines/parsers/sources.py`).
+SILVER_DESCRIPTIONS: dict[str, str] = {
+    "silver_dns": "DNS queries and answers from Zeek dns.log and Suricata EVE dns, typed and de-duplicated",
+    "silver_dhcp": "DHCP messages from Zeek dhcp.log and Suricata EVE dhcp",
+    "silver_conn": "connections from Zeek conn.log and Suricata EVE flow, with Community ID",
+    "silver_ids_alerts": "Suricata EVE alerts, with Community ID to join Zeek conn",
 }
+assert SILVER_DESCRIPTIONS.keys() == SILVER_SCHEMAS.keys(), "every silver table needs a description"
 
 
 def silver_schema(table: str) -> StructType:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from pipelines import environment
+
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # .ci/setup fetches the Delta jars here from Maven Central (pinned in .ci/jars.pom.xml).
 JARS_DIR = Path(__file__).resolve().parents[1] / ".jars"
@@ -53,7 +55,7 @@ def check_java() -> None:
 
     >>> check_java()  # raises RuntimeError on a machine without Java 17+
     """
-    java_home = os.environ.get("JAVA_HOME")
+    java_home = environment.java_home()
     java = shutil.which("java", path=os.path.join(java_home, "bin")) if java_home else shutil.which("java")
     if not java:
         raise RuntimeError("seclake needs Java 17 or newer: no `java` on PATH "
@@ -101,10 +103,10 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
     settings.update(conf or {})
-    master = settings.pop("spark.master", None) or master or os.environ.get("SECLAKE_SPARK_MASTER") or "local[*]"
+    master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SECLAKE_SPARK_LOG_LEVEL", "ERROR"))
+    spark.sparkContext.setLogLevel(environment.spark_log_level() or "ERROR")
     return spark

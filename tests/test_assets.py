@@ -6,7 +6,6 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,13 @@ from dagster import (
     build_sensor_context,
 )
 
-from assets import automation, quality, stages, tables
+from assets import automation, quality, tables
 from assets.definitions import build_definitions
 from assets.resources import LakeResource, SparkResource
+from pipelines import stages
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
+from pipelines.query import BatchStats, RunningQuery, Stage, python_cause
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,8 +68,8 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     # Every table a stage writes is an asset keyed layer/name, grouped by layer, with its schema.
-    for stage in stages.discover():
-        for table in stage.writes + stage.shared:
+    for stage in stages.table_stages(stages.stages()):
+        for table in stage.writes:
             key = tables.table_key(table)
             assert key.to_user_string() in keys
             node = graph.get(key)
@@ -80,7 +81,7 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
     # Every op that writes a table (a stage or a rule) runs in the lake pool, with the retry policy.
     writers = [a for a in graph.assets_defs if a.is_executable and
                ({"seclake/stage", "seclake/rule"} & set(a.op.tags))]
-    assert {a.op.name for a in writers} >= {s.name for s in stages.discover()}
+    assert {a.op.name for a in writers} >= {s.name for s in stages.stages()}
     for assets_def in writers:
         assert assets_def.op.pool == tables.LAKE_POOL, assets_def.op.name
         assert assets_def.op.retry_policy == tables.RETRY_POLICY
@@ -91,23 +92,19 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
     assert {f"rules/{slug}" for slug in rule_files} <= keys
 
 
-def test_stage_discovery_without_metadata_uses_module_constants_and_names():
-    from pipelines import etl
-
-    found = stages.discover([("etl", etl.start), ("rule:x", lambda *a: None)])
-    assert [(s.name, s.writes, s.reads) for s in found] == [("etl", tuple(etl.ETL_TABLES), ())]
-    named = stages.discover([("silver_dns", lambda *a: None)])
-    assert named[0].writes == ("silver_dns",)
-    # tables written by several stages become shared (one asset of their own) ...
-    both = stages.discover([_Stage("a", None, ("silver_dns", "silver_conn")),
-                            _Stage("b", None, ("silver_dhcp", "silver_conn"))])
-    assert [(s.writes, s.shared) for s in both] == [(("silver_dns",), ("silver_conn",)),
-                                                    (("silver_dhcp",), ("silver_conn",))]
-    # ... but a stage needs a table of its own, and its tables must be known
-    with pytest.raises(ValueError, match="writes only tables other stages write too"):
-        stages.discover([("etl", etl.start), ("silver_dns", lambda *a: None)])
-    with pytest.raises(ValueError, match="cannot tell which tables stage 'mystery' writes"):
-        stages.discover([("mystery", lambda *a: None)])
+def test_stages_declare_what_they_read_and_write_and_shared_tables_are_found():
+    found = stages.stages()
+    assert [s.name for s in found][:5] == ["etl", "dhcp_leases", "enriched_conn", "enriched_dns",
+                                           "enriched_ids_alerts"]
+    assert all(s.name.startswith("rule_") for s in found[5:]) and found[5:]
+    written = set()
+    for stage in found:  # dependency order: every table a stage reads was written before it
+        assert set(stage.reads) <= written, stage.name
+        written |= set(stage.writes)
+    table_writers = stages.table_stages(found)
+    assert [s.name for s in table_writers] == [s.name for s in found[:5]]
+    assert sorted(stages.shared_tables(table_writers)) == ["late_events"]
+    assert stages.own_tables(found[1], table_writers) == ("dhcp_leases",)
 
 
 # --- rule files -> assets -------------------------------------------------------------------
@@ -160,8 +157,9 @@ def test_run_once_job_materialises_every_table_with_run_metadata(spark, sample_r
     assert result.success, failures
     lake = Lake(Home.resolve(home))
     done = materializations(result)
-    for stage in stages.discover():
-        for table in stage.writes:
+    table_writers = stages.table_stages(stages.stages())
+    for stage in table_writers:
+        for table in stages.own_tables(stage, table_writers):
             key = tables.table_key(table).to_user_string()
             assert key in done, key
             assert done[key]["stage"] == stage.name
@@ -191,7 +189,8 @@ def test_second_run_commits_nothing_new(sample_run):
     from dagster import materialize
 
     home, _, _ = sample_run
-    etl_assets = tables.stage_asset(stages.discover()[0])
+    etl = stages.stages()[0]
+    etl_assets = tables.stage_asset(etl, etl.writes)
     again = materialize([etl_assets], resources=resources(home), instance=DagsterInstance.ephemeral())
     meta = materializations(again)
     assert meta["silver/dns"]["rows_out"] == 0 and meta["silver/dns"]["version"] == "-"
@@ -284,12 +283,6 @@ def _ts(text: str):
 
 # --- fake stages: blocking checks, schema errors, retries ---------------------------------------
 
-@dataclass
-class _Batch:
-    rows: dict = field(default_factory=dict)
-    versions: dict = field(default_factory=dict)
-
-
 class _DoneQuery:
     """A finished query for fake stages (same surface as pipelines.rules.engine.FailedQuery)."""
 
@@ -314,23 +307,12 @@ class _Writer:
         pass
 
 
-@dataclass
-class _Stage:
-    name: str
-    start: object
-    writes: tuple
-    reads: tuple = ()
-
-
 def _writing_stage(name, frames_by_table, error=None):
-    from pipelines.jobs import RunningQuery
-
     def start(spark, lake, settings, trigger):
         writer = _Writer()
-        batch = _Batch()
+        batch = BatchStats(0)
         for table, make in frames_by_table.items():
-            result = lake.sink(table, app_id=name).write_batch(make(spark), 0)
-            batch.rows[table], batch.versions[table] = result.rows, result.version
+            batch.record(lake.sink(table, app_id=name).write_batch(make(spark), 0))
         writer.history.append(batch)
         return RunningQuery(name, _DoneQuery(error), writer, tuple(frames_by_table))
 
@@ -370,10 +352,10 @@ def _now():
 def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     downstream = _writing_stage("silver_dns", {"silver_dns": lambda s: s.createDataFrame(
         [], Lake.spec("silver_dns").schema)})
-    fake = [_Stage("etl", _writing_stage("etl", _etl_like(quarantined=5)),
-                   ("bronze_zeek", "quarantine", "silver_conn")),
-            _Stage("silver_dns", downstream, ("silver_dns",), reads=("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+    fake = [Stage("etl", (), ("bronze_zeek", "quarantine", "silver_conn"),
+                  _writing_stage("etl", _etl_like(quarantined=5))),
+            Stage("silver_dns", ("silver_conn",), ("silver_dns",), downstream)]
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake,
                              resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
         instance=DagsterInstance.ephemeral(), raise_on_error=False)
@@ -390,7 +372,7 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     assert expectations.metadata["failed_expectations"].value[0]["examples"] == ["999.1.1.1"]
 
     # under the threshold (configurable) the downstream stage runs
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake,
                              resources=resources(tmp_path / "home2"))
     config = {"ops": {"silver__conn_quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
     ok = defs.resolve_job_def("run_once_job").execute_in_process(
@@ -404,8 +386,8 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
     from pipelines.lake.schema import SchemaMismatchError
 
     error = SchemaMismatchError("silver_conn: column 'proto' has type int in the table but string in the write")
-    fake = [_Stage("etl", _writing_stage("etl", {}, error=error), ("silver_conn",))]
-    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_entries=fake,
+    fake = [Stage("etl", (), ("silver_conn",), _writing_stage("etl", {}, error=error))]
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake,
                              resources=resources(tmp_path / "home"))
     result = defs.resolve_job_def("run_once_job").execute_in_process(
         instance=DagsterInstance.ephemeral(), raise_on_error=False)
@@ -417,9 +399,9 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
     # The same error text as a failed streaming query reports it is recognised too.
     jvm_text = ("[STREAM_FAILED] ... Traceback (most recent call last):\n  File ...\n"
                 f"pipelines.lake.schema.SchemaMismatchError: {error}\n SQLSTATE: 39000")
-    name, _ = stages.python_cause(RuntimeError(jvm_text))
+    name, _ = python_cause(RuntimeError(jvm_text))
     assert stages.StageError("etl", "x", name, None).retriable is False
-    conflict, _ = stages.python_cause(RuntimeError("py4j...\ndelta.exceptions.ConcurrentAppendException: conflict\n"))
+    conflict, _ = python_cause(RuntimeError("py4j...\ndelta.exceptions.ConcurrentAppendException: conflict\n"))
     assert conflict == "delta.exceptions.ConcurrentAppendException"
     assert stages.StageError("etl", "x", conflict, None).retriable is True
 

@@ -10,8 +10,8 @@ from pyspark.sql import SparkSession
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
 from pipelines.home import Home
-from pipelines.jobs import AVAILABLE_NOW, report
 from pipelines.lake.registry import Lake
+from pipelines.query import AVAILABLE_NOW, report
 from pipelines.schemas import ENRICHED_SCHEMAS, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
@@ -112,10 +112,11 @@ def commit(lake: Lake, table: str, rows: list[dict]) -> None:
 def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...]) -> dict:
     """Run dhcp_leases then each enriched table once (AvailableNow); return the reports by name."""
     reports = {}
-    for name, start in attribution.STAGES:
+    for stage in attribution.stages():
+        name = stage.name
         if name != attribution.LEASES and name not in tables:
             continue
-        running = start(spark, lake, settings, AVAILABLE_NOW)
+        running = stage.start(spark, lake, settings, AVAILABLE_NOW)
         try:
             running.query.awaitTermination()
         finally:

@@ -706,21 +706,21 @@ def _check_no_partial_commit(before: dict, after: dict, failed_table: str | None
 
 def _run_failing(spark, home: Home) -> tuple[str, str]:
     """Run the ETL expecting it to fail; return (report line, full exception text)."""
-    from pipelines import jobs
+    from pipelines import stages
 
     texts = []
-    original = jobs.report
+    original = stages.report
 
     def report(running, started):
         exc = running.query.exception()
         texts.append("" if exc is None else str(exc))
         return original(running, started)
 
-    jobs.report = report
+    stages.report = report
     try:
         rep = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])[0]
     finally:
-        jobs.report = original
+        stages.report = original
     assert rep.error is not None, f"the run should have failed: {rep.line()}"
     return rep.line(), texts[0]
 

@@ -19,6 +19,7 @@ from pipelines.lake.registry import Lake
 from pipelines.rules.backtest import GROUND_TRUTH, backtest, load_ground_truth, score
 from pipelines.rules.pack import scan_rules
 from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.stages import stages
 from sample_data.generator import generate
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
@@ -42,7 +43,7 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
     generate(home.root, hours=24, hosts=50, seed=7)
     lake = Lake(home)
     pack = scan_rules(RULES_DIR)
-    assert [name for name, _ in jobs.stages() if name.startswith("rule:")] == [r.query_name for r in pack.rules]
+    assert [s.name for s in stages() if s.name.startswith("rule_")] == [r.query_name for r in pack.rules]
     reports = {r.name: r for r in jobs.run_once(spark, lake)}  # ETL, attribution, every rule: `seclake run-once`
     assert all(r.error is None for r in reports.values()), [r.line() for r in reports.values() if r.error]
 

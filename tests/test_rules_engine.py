@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from pipelines.home import Home
-from pipelines.jobs import report
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import DeltaSink
+from pipelines.query import report
 from pipelines.rules.backtest import backtest
 from pipelines.rules.engine import (
     FailedQuery,
@@ -136,11 +136,11 @@ def test_a_failing_rule_is_isolated_and_reported(spark, lake):
                                             {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
     reports = {r.name: r for r in run_all(spark, lake, [breaks_at_run_time, no_input, good])}
     lines = [r.line() for r in reports.values()]
-    assert reports["rule:dga_nxdomain_burst"].error is None, lines
-    assert reports["rule:dga_nxdomain_burst"].rows_out == {ALERTS_TABLE: 1}, lines
-    error = reports["rule:casts_names_to_int"].error or ""
+    assert reports["rule_dga_nxdomain_burst"].error is None, lines
+    assert reports["rule_dga_nxdomain_burst"].rows_out == {ALERTS_TABLE: 1}, lines
+    error = reports["rule_casts_names_to_int"].error or ""
     assert error.startswith("rule casts_names_to_int failed in batch ") and "CAST_INVALID_INPUT" in error, lines
-    assert "input table(s) ['enriched_conn'] do not exist yet" in reports["rule:internal_port_scan"].error
+    assert "input table(s) ['enriched_conn'] do not exist yet" in reports["rule_internal_port_scan"].error
     assert len(alerts(spark, lake)) == 1
 
 
@@ -148,9 +148,9 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
     (tmp_path / "rules" / "dns").mkdir(parents=True)
     shutil.copy(DGA, tmp_path / "rules" / "dns" / DGA.name)
     (tmp_path / "rules" / "dns" / "broken.sql").write_text("/* name: x */ SELECT 1")
-    stages = dict(rule_stages(tmp_path / "rules"))
-    assert list(stages) == ["rule:dga_nxdomain_burst", "rule:broken"]
-    failed = stages["rule:broken"](None, lake, Settings(), AVAILABLE_NOW)
+    stages = {s.name: s.start for s in rule_stages(tmp_path / "rules")}
+    assert list(stages) == ["rule_dga_nxdomain_burst", "rule_broken"]
+    failed = stages["rule_broken"](None, lake, Settings(), AVAILABLE_NOW)
     assert isinstance(failed.query, FailedQuery) and "missing or empty" in str(failed.query.exception())
     assert "FAILED" in report(failed, time.monotonic()).line()
 
@@ -175,38 +175,38 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
     try:
         # Nothing has written enriched_dns yet: both rules wait, and are retried on the next sync.
         first = manager.sync(spark, lake, settings, trigger, running)
-        assert sorted(first.started) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"]
+        assert sorted(first.started) == ["rule_dga_nxdomain_burst", "rule_dns_tunneling"]
         assert all(isinstance(r.query.exception(), MissingInputError) for r in running)
         append(spark, lake, "enriched_dns", 0,
                [dga_burst("2026-11-20 09:10:00", "a"), {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}],
                HOST_A)
         retried = manager.sync(spark, lake, settings, trigger, running)
-        assert sorted(retried.retried) == ["rule:dga_nxdomain_burst", "rule:dns_tunneling"] and not retried.restarted
+        assert sorted(retried.retried) == ["rule_dga_nxdomain_burst", "rule_dns_tunneling"] and not retried.restarted
         assert all(r.query.isActive for r in running)
         assert not manager.sync(spark, lake, settings, trigger, running)  # nothing changed: nothing done
-        tunnel_query = next(r for r in running if r.name == "rule:dns_tunneling").query
+        tunnel_query = next(r for r in running if r.name == "rule_dns_tunneling").query
 
         # v2 of the DGA rule: restarted on its own checkpoint; the tunnelling query untouched.
         (folder / DGA.name).write_text(DGA.read_text().replace("version: 1", "version: 2"))
         second = manager.sync(spark, lake, settings, trigger, running)
-        assert second.restarted == ["rule:dga_nxdomain_burst"] and not second.started and not second.stopped
-        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query
-        assert next(r for r in running if r.name == "rule:dga_nxdomain_burst").writer.rule.version == 2
+        assert second.restarted == ["rule_dga_nxdomain_burst"] and not second.started and not second.stopped
+        assert next(r for r in running if r.name == "rule_dns_tunneling").query is tunnel_query
+        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst").writer.rule.version == 2
 
         # An edit that breaks the file keeps the running version; a new invalid file starts nothing.
         (folder / TUNNEL.name).write_text("/* broken */ SELECT 1")
         (folder / "new_rule.sql").write_text("SELECT 1")
         third = manager.sync(spark, lake, settings, trigger, running)
-        assert not third and sorted(third.invalid) == ["rule:dns_tunneling", "rule:new_rule"]
-        assert next(r for r in running if r.name == "rule:dns_tunneling").query is tunnel_query
+        assert not third and sorted(third.invalid) == ["rule_dns_tunneling", "rule_new_rule"]
+        assert next(r for r in running if r.name == "rule_dns_tunneling").query is tunnel_query
         assert tunnel_query.isActive
 
         # Removing a file stops its query.
         (folder / TUNNEL.name).unlink()
         (folder / "new_rule.sql").unlink()
         fourth = manager.sync(spark, lake, settings, trigger, running)
-        assert fourth.stopped == ["rule:dns_tunneling"] and not tunnel_query.isActive
-        assert [r.name for r in running] == ["rule:dga_nxdomain_burst"]
+        assert fourth.stopped == ["rule_dns_tunneling"] and not tunnel_query.isActive
+        assert [r.name for r in running] == ["rule_dga_nxdomain_burst"]
 
         # v2 reads the table from its own checkpoint: the burst is alerted again, as v2.
         assert wait_for(lambda: any(a.rule_version == 2 for a in alerts(spark, lake)))

@@ -113,7 +113,7 @@ def test_a_valid_rule_is_accepted_with_canonical_sql_and_defaults():
     assert (rule.slug, rule.version, rule.severity, rule.mitre) == ("test_rule", 1, "low", ("T1046",))
     assert rule.tables == ("enriched_dns",) and rule.keys == ("src_ip", "mac")
     assert rule.sql.startswith("SELECT src_ip, mac") and rule.checkpoint_name == "rules/test_rule_v1"
-    assert rule.query_name == "rule:test_rule"
+    assert rule.query_name == "rule_test_rule"
 
 
 def test_a_description_edit_changes_the_content_hash_but_not_the_logic_hash():

@@ -24,26 +24,19 @@ class TableSpec:
     partition_by: tuple[str, ...] = ()
 
 
-_DESCRIPTIONS = {
-    "silver_dns": "DNS queries and answers from Zeek dns.log and Suricata EVE dns, typed and de-duplicated",
-    "silver_dhcp": "DHCP messages from Zeek dhcp.log and Suricata EVE dhcp",
-    "silver_conn": "connections from Zeek conn.log and Suricata EVE flow, with Community ID",
-    "silver_ids_alerts": "Suricata EVE alerts, with Community ID to join Zeek conn",
-}
-
-
 def _specs() -> dict[str, TableSpec]:
     from pipelines import schemas
+    from pipelines.parsers.sources import sources
 
     specs = [
-        TableSpec(f"bronze_{source}", "bronze", f"every data line from {source} sensors, raw, with file and line",
+        TableSpec(source.bronze_table, "bronze", source.description,
                   schemas.BRONZE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["bronze"]))
-        for source in schemas.SOURCES
+        for source in sources()
     ]
     specs.append(TableSpec("quarantine", "bronze", "lines that could not be parsed, with the reason",
                            schemas.QUARANTINE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["quarantine"])))
     specs += [
-        TableSpec(name, "silver", _DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
+        TableSpec(name, "silver", schemas.SILVER_DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
         for name, schema in schemas.SILVER_SCHEMAS.items()
     ]
     specs.append(TableSpec("dhcp_leases", "silver", "non-overlapping DHCP lease segments: which MAC held an IP when",
@@ -61,6 +54,8 @@ def _specs() -> dict[str, TableSpec]:
 
 
 TABLES: dict[str, TableSpec] = {}
+# The sources TABLES was built for: registering a source adds its bronze table.
+_BUILT_FOR: list[tuple[str, ...]] = []
 # name -> table location registered in this process's (one JVM's) catalog
 _REGISTERED: dict[str, str] = {}
 
@@ -140,5 +135,9 @@ class Lake:
 
 def _load_all() -> None:
     # Deferred so that importing the registry stays cheap and free of import cycles.
-    if not TABLES:
+    from pipelines.parsers.sources import source_names
+
+    if _BUILT_FOR != [source_names()]:
+        TABLES.clear()
         TABLES.update(_specs())
+        _BUILT_FOR[:] = [source_names()]

@@ -12,11 +12,8 @@ from pyspark.sql.types import DataType
 
 from pipelines.parsers.common import Query, first_error, lit, to_date
 from pipelines.parsers.community_id import add_community_id, add_ip_hex
-from pipelines.parsers.eve import FLOW_KINDS as EVE_FLOW_KINDS
-from pipelines.parsers.eve import parse_eve
-from pipelines.parsers.lines import check_source
-from pipelines.parsers.zeek import parse_zeek
-from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA, SILVER_KINDS, SILVER_SCHEMAS, silver_schema
+from pipelines.parsers.sources import get_source, silver_feeds
+from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA, SILVER_SCHEMAS, silver_schema
 
 # Silver columns that are not payload: parse names them differently or derives them here.
 _LINEAGE = ("event_id", "event_time", "event_date", "source", "sensor", "source_file", "line_number")
@@ -35,13 +32,6 @@ PAYLOAD_TYPES = _payload_types()
 PARSED_COLUMNS = ("source", "sensor", "file", "line_number", "raw", "kind", "error", "event_id", "event_time",
                   "event_date", *PAYLOAD_TYPES)
 
-# Per source: the kinds whose flow 5-tuple goes to silver, and how the source names the addresses.
-_FLOWS = {
-    "zeek": (("conn", "dns"), "id.orig_h", "id.resp_h"),
-    "suricata": (EVE_FLOW_KINDS, "src_ip", "dest_ip"),
-}
-
-
 def parse(lines: DataFrame, source: str) -> DataFrame:
     """Data lines (from `split_lines`) -> one row per line with every bronze column, `kind`, `error`,
     `event_id`, `event_time`, `event_date` and the typed payload of all silver tables (PARSED_COLUMNS).
@@ -55,27 +45,28 @@ def parse(lines: DataFrame, source: str) -> DataFrame:
     >>> parsed.where("error IS NULL").select("kind", "community_id").first()
     Row(kind='alert', community_id='1:0wmPaeGXbZ0wDSG437PQnKNJNx8=')
     """
-    check_source(source)
+    spec = get_source(source)
     q = Query(lines.columns)
-    (parse_zeek if source == "zeek" else parse_eve)(q)
-    flow_kinds, src_label, dst_label = _FLOWS[source]
-    add_ip_hex(q, _src_hex="src_ip", _dst_hex="dst_ip")
-    flow = "kind IN (" + ", ".join(lit(k) for k in flow_kinds) + ")"
-    q.stage("*", error=first_error(
-        ("error IS NOT NULL", "error"),
-        (f"{flow} AND src_ip IS NULL", lit(f"missing {src_label} value")),
-        (f"{flow} AND _src_hex IS NULL", lit(f"bad {src_label} value")),
-        (f"{flow} AND dst_ip IS NULL", lit(f"missing {dst_label} value")),
-        (f"{flow} AND _dst_hex IS NULL", lit(f"bad {dst_label} value")),
-    ))
-    add_community_id(q, "_cid", "src_ip", "dst_ip", "src_port", "dst_port", "proto", "_src_hex", "_dst_hex")
+    spec.parse(q)
     derived = {
         "event_id": "sha2(concat(source, ':', raw), 256)",
         "event_time": "CASE WHEN error IS NULL THEN event_time END",
         "event_date": f"CASE WHEN error IS NULL THEN {to_date('event_time')} END",
-        # A sensor's own Community ID wins: it may have been computed with a seed we cannot know.
-        "community_id": f"CASE WHEN {flow} THEN coalesce(community_id, _cid) END",
     }
+    if spec.flows:
+        src_label, dst_label = spec.address_labels
+        add_ip_hex(q, _src_hex="src_ip", _dst_hex="dst_ip")
+        flow = "kind IN (" + ", ".join(lit(k) for k in spec.flows) + ")"
+        q.stage("*", error=first_error(
+            ("error IS NOT NULL", "error"),
+            (f"{flow} AND src_ip IS NULL", lit(f"missing {src_label} value")),
+            (f"{flow} AND _src_hex IS NULL", lit(f"bad {src_label} value")),
+            (f"{flow} AND dst_ip IS NULL", lit(f"missing {dst_label} value")),
+            (f"{flow} AND _dst_hex IS NULL", lit(f"bad {dst_label} value")),
+        ))
+        add_community_id(q, "_cid", "src_ip", "dst_ip", "src_port", "dst_port", "proto", "_src_hex", "_dst_hex")
+        # A sensor's own Community ID wins: it may have been computed with a seed we cannot know.
+        derived["community_id"] = f"CASE WHEN {flow} THEN coalesce(community_id, _cid) END"
     present = set(q.columns)
 
     def column(name: str) -> str:
@@ -93,10 +84,9 @@ def to_silver(parsed: DataFrame, table: str) -> DataFrame:
     ['event_id', 'event_time', 'event_date', 'source']
     """
     schema = silver_schema(table)
-    feeds = None
-    for source, kind in SILVER_KINDS[table]:
-        match = (F.col("source") == source) & (F.col("kind") == kind)
-        feeds = match if feeds is None else feeds | match
+    feeds = F.lit(False)
+    for source, kind in silver_feeds(table):
+        feeds = feeds | ((F.col("source") == source) & (F.col("kind") == kind))
     names = {"source_file": "file"}
     return parsed.where(F.col("error").isNull() & feeds).select(
         *[F.col(names.get(f.name, f.name)).cast(f.dataType).alias(f.name) for f in schema.fields])

@@ -21,7 +21,7 @@ from pipelines.parsers.common import (
     to_proto,
     to_time,
 )
-from pipelines.parsers.lines import separator_regex
+from pipelines.parsers.source import Source
 
 SCALARS = (
     "ts", "uid", "id.orig_h", "id.orig_p", "id.resp_h", "id.resp_p", "proto", "_node_name", "community_id",
@@ -38,6 +38,10 @@ FIELDS = SCALARS + LISTS
 
 # Every key a STRING: JSON numbers and arrays arrive as their JSON text.
 JSON_SCHEMA = "struct<_path: string, " + ", ".join(f"`{n}`: string" for n in FIELDS) + ", _corrupt_record: string>"
+
+# Header lines whose value is used, with their defaults when absent. `#separator` is followed
+# by a space (the separator is not known yet), the others by the separator.
+_HEADER_DEFAULTS = {"set_separator": ",", "empty_field": "(empty)", "unset_field": "-", "path": None}
 
 OLD_DHCP = "old Zeek (<2.6) dhcp.log schema not supported"
 
@@ -143,3 +147,73 @@ def parse_zeek(q: Query) -> Query:
                  **{name: _r(name) for name in ("query", "qtype_name", "rcode_name", "host_name", "client_fqdn",
                                                 "domain", "client_addr", "server_addr", "requested_addr",
                                                 "assigned_addr", "service", "conn_state")})
+
+
+def header_blocks(q: Query) -> None:
+    """Turn one row per file into one row per header block: _bi, _nblocks, _before (lines before it), _block
+    text, zeek_format, zeek_header.
+
+    A Zeek file is cut at each `#separator` line (Zeek starts every header with it, and
+    concatenated logs repeat it); the block's header values are read with regular expressions.
+    `zeek_format` is 'tsv' | 'json' | NULL from the file's first characters; `zeek_header` is a
+    struct (separator, set_separator, empty_field, unset_field, path, fields, types), NULL when
+    the block has no `#fields`.
+    """
+    start = "ltrim(substr(text, 1, 64))"
+    q.stage(["file", "text", "_file_utf8"],
+            zeek_format=f"CASE WHEN {start} LIKE '#%' THEN 'tsv' WHEN {start} LIKE '{{%' THEN 'json' END",
+            _blocks="split(text, '\\n(?=#separator )', -1)")
+    q.stage("*", _nblocks="size(_blocks)")
+    q.explode(["file", "text", "_file_utf8", "zeek_format", "_nblocks"], "_blocks", "_bi", "_block")
+    # The text before block k ends just before the k-th '\n#separator '.
+    q.stage(["file", "_file_utf8", "zeek_format", "_nblocks", "_bi", "_block"],
+            _prefix="CASE WHEN _bi > 0 THEN substring_index(text, '\\n#separator ', _bi) END")
+
+    def header_line(name: str) -> str:
+        # Only blocks that start with a header are searched: a JSON file has no headers and
+        # a regex miss scans the whole block.
+        return f"CASE WHEN _block LIKE '#%' THEN nullif(regexp_extract(_block, '(?m)^(#{name}[^\\r\\n]*)', 1), '') END"
+
+    lines = {f"_h_{name}": header_line(name) for name in [*_HEADER_DEFAULTS, "fields", "types"]}
+    q.stage(["file", "_file_utf8", "zeek_format", "_nblocks", "_bi", "_block"],
+            _before="coalesce(octet_length(_prefix) - octet_length(replace(_prefix, '\\n', '')) + 1, 0)",
+            _sep_raw="CASE WHEN _block LIKE '#%' THEN regexp_extract(_block, '^#separator ([^\\r\\n]*)', 1) END",
+            **lines)
+    # '#separator \x09' spells the separator as hex escapes; absent means tab.
+    q.stage("*", _sep="CASE WHEN coalesce(_sep_raw, '') = '' THEN '\\t' "
+                      "WHEN _sep_raw RLIKE '^(\\\\\\\\x[0-9a-fA-F]{2})+$' "
+                      "THEN decode(unhex(replace(_sep_raw, '\\\\x', '')), 'UTF-8') ELSE _sep_raw END")
+
+    def value(name: str) -> str:
+        return f"substr(_h_{name}, {len(name) + 2} + char_length(_sep))"
+
+    def values_of(name: str) -> str:
+        return f"split({value(name)}, {separator_regex('_sep')}, -1)"
+
+    defaults = {name: value(name) if default is None else f"coalesce({value(name)}, {lit(default)})"
+                for name, default in _HEADER_DEFAULTS.items()}
+    header = ", ".join(["'separator', _sep", *[f"'{n}', {sql}" for n, sql in defaults.items()],
+                        f"'fields', {values_of('fields')}", f"'types', {values_of('types')}"])
+    q.stage(["file", "_file_utf8", "zeek_format", "_nblocks", "_bi", "_before", "_block"],
+            zeek_header=f"CASE WHEN _h_fields IS NOT NULL THEN named_struct({header}) END")
+
+
+def separator_regex(sep: str) -> str:
+    """SQL: a regex matching the separator in column/expression `sep` literally.
+
+    A tab stays a bare tab, which Java's String.split handles without a regex engine.
+    """
+    return f"CASE WHEN {sep} = '\\t' THEN {sep} ELSE concat('\\\\Q', {sep}, '\\\\E') END"
+
+
+SOURCE = Source(
+    name="zeek",
+    description="every data line from zeek sensors, raw, with file and line",
+    parse=parse_zeek,
+    silver={"dns": "silver_dns", "dhcp": "silver_dhcp", "conn": "silver_conn"},
+    flows=("conn", "dns"),
+    address_labels=("id.orig_h", "id.resp_h"),
+    header_blocks=header_blocks,
+    block_columns=("zeek_format", "zeek_header"),
+    comment_prefix="#",
+)

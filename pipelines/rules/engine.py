@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.jobs import RunningQuery, Starter
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
+from pipelines.query import BatchStats, RunningQuery, Stage, start_query, stop_between_batches
 from pipelines.rules.alerts import alert_frame, unseen
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
@@ -46,17 +45,6 @@ class RuleRunError(RuntimeError):
     """A rule query failed while running; the message names the rule, the batch and the cause."""
 
 
-@dataclass
-class RuleBatch:
-    """What one micro-batch of a rule query wrote (the `history` item `jobs.report` reads)."""
-
-    batch_id: int
-    rows: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=dict)
-    already_known: int = 0
-    skipped: bool = False
-
-
 class AlertWriter:
     """The `foreachBatch` function of one rule query.
 
@@ -69,7 +57,7 @@ class AlertWriter:
         self.content_hash = rule.content_hash
         self.alerts_path = lake.path(ALERTS_TABLE)
         self.sink = lake.sink(ALERTS_TABLE, app_id=app_id)
-        self.history: list[RuleBatch] = []
+        self.history: list[BatchStats] = []
         self.error: str | None = None
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
@@ -87,10 +75,8 @@ class AlertWriter:
             for frame in (fresh, alerts):
                 if frame is not None:
                     frame.unpersist()
-        stats = RuleBatch(batch_id, already_known=total - new, skipped=result.skipped)
-        if result.version is not None:
-            stats.rows[ALERTS_TABLE] = result.rows
-            stats.versions[ALERTS_TABLE] = result.version
+        stats = BatchStats(batch_id, already_known=total - new)
+        stats.record(result)
         self.history.append(stats)
 
     def close(self) -> None:
@@ -121,7 +107,7 @@ class IdleWriter:
     def __init__(self, rule: Rule | None, content_hash: str) -> None:
         self.rule = rule
         self.content_hash = content_hash
-        self.history: list[RuleBatch] = []
+        self.history: list[BatchStats] = []
 
     def close(self) -> None:
         pass
@@ -227,13 +213,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
         writer = AlertWriter(lake, rule, app_id)
-        query = (rows.writeStream
-                 .queryName(rule.query_name)
-                 .outputMode("append")
-                 .foreachBatch(writer)
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(**trigger)
-                 .start())
+        query = start_query(rows, rule.query_name, writer, checkpoint, trigger)
         return RunningQuery(rule.query_name, RuleQuery(query, writer), writer, (ALERTS_TABLE,))
     except Exception as exc:  # isolation: one broken rule must not stop the others
         # Missing input tables are normal until the upstream stages first commit; sync() retries
@@ -253,11 +233,7 @@ def invalid_rule(name: str, reason: str, content_hash: str) -> RunningQuery:
 
 def stop_rule(running: RunningQuery, patience_s: float = 60.0) -> None:
     """Stop a rule query between micro-batches (a stop mid-batch is safe but replays it) and release its sink."""
-    query = running.query
-    deadline = time.monotonic() + patience_s
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    query.stop()
+    stop_between_batches(running.query, patience_s)
     running.writer.close()
 
 
@@ -273,20 +249,20 @@ def _file_hash(path: Path) -> str:
         return ""
 
 
-def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[tuple[str, Starter]]:
-    """One stage per rule file for `jobs.stages()`: `(rule:<slug>, starter)`; an invalid rule
+def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
+    """One stage per rule file, reading the rule's tables and appending to `alerts`; an invalid rule
     is a stage too, whose query fails with the validation error (so run-once reports it).
 
-    >>> [name for name, _ in rule_stages("rules")][:2]  # doctest: +SKIP
-    ['rule:c2_beaconing', 'rule:dga_nxdomain_burst']
+    >>> [s.name for s in rule_stages("rules")][:2]
+    ['rule_c2_beaconing', 'rule_dga_nxdomain_burst']
     """
     pack = scan_rules(rules_dir or default_rules_dir())
-    stages: list[tuple[str, Starter]] = []
-    for rule in pack.rules:
-        stages.append((rule.query_name, functools.partial(start_rule, rule=rule)))
+    stages = [Stage(rule.query_name, reads=tuple(rule.tables), writes=(ALERTS_TABLE,),
+                    start=functools.partial(start_rule, rule=rule)) for rule in pack.rules]
     for path, reason in pack.errors.items():
-        stages.append((query_name(path.stem),
-                       functools.partial(_start_invalid, query_name(path.stem), reason, _file_hash(path))))
+        name = query_name(path.stem)
+        stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
+                            start=functools.partial(_start_invalid, name, reason, _file_hash(path))))
     return stages
 
 
@@ -321,11 +297,8 @@ class RuleManager:
       logged once per content;
     - a rule that could not start because an input table did not exist yet: retried.
 
-    Queries that are not rules (no `rule:` name) are never touched.
-
-    >>> manager = RuleManager("rules")
-    >>> running = [start(spark, lake, settings, trigger) for _, start in stages()]  # doctest: +SKIP
-    >>> manager.sync(spark, lake, settings, trigger, running)  # every few seconds  # doctest: +SKIP
+    Queries that are not rules (their writer is not a rule's) are never touched. `jobs.stream`
+    calls `sync` every few seconds with the queries it runs.
     """
 
     def __init__(self, rules_dir: str | os.PathLike | None = None) -> None:
@@ -339,7 +312,7 @@ class RuleManager:
         pack = scan_rules(self.rules_dir)
         valid = pack.by_slug()
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
-        current = {r.name: r for r in running if r.name.startswith("rule:")}
+        current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         for rule in valid.values():
             entry = current.get(rule.query_name)
             if entry is None:
@@ -350,8 +323,9 @@ class RuleManager:
                 stop_rule(entry)
                 running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
                 (result.retried if retry else result.restarted).append(rule.query_name)
+        deployed = {rule.query_name for rule in valid.values()}
         for name, entry in current.items():
-            if name[len("rule:"):] in valid or name in invalid:
+            if name in deployed or name in invalid:
                 continue
             stop_rule(entry)
             running.remove(entry)

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines import environment
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 
 log = logging.getLogger("seclake.rules")
 
-RULES_ENV = "SECLAKE_RULES"
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 
 
@@ -21,7 +21,7 @@ def default_rules_dir() -> Path:
     >>> default_rules_dir().name  # doctest: +SKIP
     'rules'
     """
-    return Path(os.environ.get(RULES_ENV) or RULES_DIR)
+    return environment.rules_dir() or RULES_DIR
 
 
 @dataclass

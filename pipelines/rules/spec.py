@@ -105,8 +105,8 @@ class Rule:
 
     @property
     def checkpoint_name(self) -> str:
-        """Its checkpoint under `<home>/checkpoints/`: one per rule version."""
-        return f"rules/{self.slug}_v{self.version}"
+        """Its checkpoint under `<home>/checkpoints/`: the stage's folder, one sub-folder per rule version."""
+        return f"{self.query_name}/v{self.version}"
 
     @property
     def tests_path(self) -> Path | None:
@@ -115,12 +115,14 @@ class Rule:
 
 
 def query_name(slug: str) -> str:
-    """The streaming query name of the rule file `slug`.
+    """The name of the rule file `slug`'s stage: its streaming query, checkpoint folder and Dagster op.
 
     >>> query_name("dga_nxdomain_burst")
-    'rule:dga_nxdomain_burst'
+    'rule_dga_nxdomain_burst'
+    >>> query_name("odd-name.v2")
+    'rule_odd_name_v2'
     """
-    return f"rule:{slug}"
+    return "rule_" + re.sub(r"[^A-Za-z0-9_]", "_", slug)
 
 
 def interval_seconds(value: str) -> int:

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 
+from pipelines import environment
 from pipelines.sql.database import Database, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.shell import Shell, readline_input
@@ -93,7 +93,7 @@ def _database(args: argparse.Namespace) -> Database:
     lake = connect(args.home).lake
     fresh = SparkSession.getActiveSession() is None
     spark = get_spark(app_name="seclake-sql", ui=False)
-    if fresh and "SECLAKE_SPARK_LOG_LEVEL" not in os.environ:
+    if fresh and environment.spark_log_level() is None:
         spark.sparkContext.setLogLevel("FATAL")  # a failing task is reported in one line, not a JVM trace
     return Database(lake, spark)
 

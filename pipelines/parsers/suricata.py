@@ -20,6 +20,7 @@ from pipelines.parsers.common import (
     to_proto,
     to_time,
 )
+from pipelines.parsers.source import Source
 
 
 def _struct(*names: str, **nested: str) -> str:
@@ -151,3 +152,13 @@ def parse_eve(q: Query) -> Query:
         signature="_alert.signature",
         category="_alert.category",
     )
+
+
+SOURCE = Source(
+    name="suricata",
+    description="every data line from suricata sensors (EVE JSON), raw, with file and line",
+    parse=parse_eve,
+    silver={"dns": "silver_dns", "dhcp": "silver_dhcp", "flow": "silver_conn", "alert": "silver_ids_alerts"},
+    flows=FLOW_KINDS,
+    address_labels=("src_ip", "dest_ip"),
+)

@@ -1,0 +1,250 @@
+"""One streaming query of the pipeline: how it is started, what it reports, how it is stopped.
+
+Every stage (ETL, attribution, each rule) is a `foreachBatch` writer behind a query started by
+`start_query`; the writer records a `BatchStats` per micro-batch, `report` folds them with
+Spark's progress into a `QueryReport`, and `error_summary` turns a failure into one line.
+Nothing here knows which stages exist (`pipelines/stages.py` does).
+"""
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.lake.sink import CommitResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipelines.lake.registry import Lake
+    from pipelines.settings import Settings
+
+AVAILABLE_NOW: dict[str, object] = {"availableNow": True}
+
+
+def processing_time(interval: str) -> dict[str, object]:
+    """The trigger of continuous mode.
+
+    >>> processing_time("10 seconds")
+    {'processingTime': '10 seconds'}
+    """
+    return {"processingTime": interval}
+
+
+@dataclass
+class BatchStats:
+    """What one micro-batch committed: rows and versions per table, tables whose commit was a replay
+    (`skipped`), and rows a rule found already in `alerts` (`already_known`).
+
+    >>> stats = BatchStats(0)
+    >>> stats.record(CommitResult("silver_dns", 0, 3, 120, False))
+    >>> stats.rows, stats.versions
+    ({'silver_dns': 120}, {'silver_dns': 3})
+    """
+
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    already_known: int = 0
+
+    def record(self, result: CommitResult) -> None:
+        """Add one table's commit (or replay) to this batch."""
+        if result.skipped:
+            self.skipped.append(result.table)
+        elif result.version is not None:
+            self.rows[result.table] = self.rows.get(result.table, 0) + result.rows
+            self.versions[result.table] = result.version
+
+
+class BatchWriter(Protocol):
+    """A `foreachBatch` function that keeps one BatchStats per batch it ran."""
+
+    history: list[BatchStats]
+
+    def __call__(self, rows: DataFrame, batch_id: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunningQuery:
+    """A started streaming query, the `foreachBatch` writer behind it and the tables it writes."""
+
+    name: str
+    query: StreamingQuery
+    writer: BatchWriter
+    tables: tuple[str, ...]
+
+
+Starter = Callable[["SparkSession", "Lake", "Settings", dict], RunningQuery]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One streaming query of the pipeline.
+
+    `name` is the query's name, its checkpoint folder (`checkpoints/<name>`), its writers' Delta
+    app_id and its Dagster op; `reads` and `writes` are registry tables (landing folders are not
+    tables); `start(spark, lake, settings, trigger)` starts it.
+    """
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    start: Starter
+
+
+def start_query(frame: DataFrame, name: str, writer: BatchWriter, checkpoint: Path, trigger: dict,
+                output_mode: str = "append") -> StreamingQuery:
+    """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""
+    return (frame.writeStream
+            .queryName(name)
+            .outputMode(output_mode)
+            .foreachBatch(writer)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**trigger)
+            .start())
+
+
+def stop_between_batches(query: StreamingQuery, patience_s: float = 60.0) -> None:
+    """Stop `query` once its running micro-batch (if any) has committed, or after `patience_s`."""
+    # Stopping mid-batch is safe (the batch replays) but wasteful; give the batch time to commit.
+    deadline = time.monotonic() + patience_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    query.stop()
+
+
+@dataclass
+class QueryReport:
+    """Progress of one query over a run: what `seclake run-once` prints and Dagster records."""
+
+    name: str
+    batches: int = 0
+    rows_in: int = 0
+    rows_out: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    watermark: str | None = None
+    state_rows: int = 0
+    state_bytes: int = 0
+    state_commit_ms: int = 0
+    late_rows: int = 0
+    error: str | None = None
+
+    def line(self) -> str:
+        """One line for the terminal.
+
+        >>> QueryReport("etl", batches=1, rows_in=5, rows_out={"silver_dns": 4}, duration_s=1.25).line()
+        'etl: 1 batches, 5 rows in -> silver_dns=4 in 1.2s'
+        """
+        out = ", ".join(f"{t}={n}" for t, n in self.rows_out.items() if n) or "nothing new"
+        extra = f", watermark {self.watermark}" if self.watermark else ""
+        if self.state_rows:
+            extra += f", state {self.state_rows} rows/{self.state_bytes // 1024} KiB"
+        if self.late_rows:
+            extra += f", {self.late_rows} late rows"
+        status = f" FAILED: {self.error}" if self.error else ""
+        return (f"{self.name}: {self.batches} batches, {self.rows_in} rows in -> {out} "
+                f"in {self.duration_s:.1f}s{extra}{status}")
+
+
+def report(running: RunningQuery, started: float) -> QueryReport:
+    """Summarise a query's progress events and its writer's per-batch stats since `started` (monotonic)."""
+    rep = QueryReport(running.name, duration_s=time.monotonic() - started)
+    for progress in running.query.recentProgress:
+        rep.rows_in += progress.numInputRows
+        if progress.eventTime.get("watermark"):
+            rep.watermark = progress.eventTime["watermark"]
+        ops = progress.stateOperators
+        if ops:
+            rep.state_rows = sum(op.numRowsTotal for op in ops)
+            rep.state_bytes = sum(op.memoryUsedBytes for op in ops)
+            rep.state_commit_ms += sum(op.commitTimeMs for op in ops)
+            rep.late_rows += sum(op.numRowsDroppedByWatermark for op in ops)
+    for stats in running.writer.history:
+        rep.batches += 1
+        for table, rows in stats.rows.items():
+            rep.rows_out[table] = rep.rows_out.get(table, 0) + rows
+        rep.versions.update(stats.versions)
+    exc = running.query.exception()
+    if exc is not None:
+        rep.error = error_summary(exc)
+    return rep
+
+
+def error_summary(exc: BaseException | str) -> str:
+    """One line naming a failed query's cause, not its wrapper.
+
+    A failure inside foreachBatch reaches Spark as 'An exception was raised by the Python
+    Proxy', followed by the Python traceback; the cause is the traceback's last exception
+    line, and for a failed Spark job the deepest 'Caused by:' below it (e.g. 'Mkdirs failed').
+
+    >>> error_summary("An exception was raised by the Python Proxy. Return Message: Traceback "
+    ...               "(most recent call last):\\n  File \\"x.py\\", line 1, in f\\n    g()\\nOSError: disk full")
+    'OSError: disk full'
+    >>> error_summary("py4j.protocol.Py4JJavaError: An error occurred while calling o9.save.\\n"
+    ...               ": io.delta.DeltaIOException: Cannot create /t/_delta_log\\n\\tat x.y(Z.scala:1)")
+    'io.delta.DeltaIOException: Cannot create /t/_delta_log'
+    """
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
+    head = lines[0]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if "Python Proxy" in head and frames:
+        # The exception line follows the last frame and its indented source line.
+        after = [line for line in lines[frames[-1] + 1:] if not line.startswith(" ")]
+        head = after[0] if after else head
+    causes = [line.strip().removeprefix("Caused by:").strip() for line in lines
+              if line.strip().startswith("Caused by:")]
+    if head.startswith("py4j.protocol.Py4JJavaError"):
+        # 'An error occurred while calling o123.save' says nothing; the cause does: the deepest
+        # 'Caused by:', else the JVM exception on the line after, which Py4J starts with ': '.
+        if causes:
+            return causes[-1]
+        index = lines.index(head)
+        if index + 1 < len(lines) and lines[index + 1].startswith(": "):
+            return lines[index + 1].removeprefix(": ").strip()
+    if causes and causes[-1] not in head:
+        head = f"{head} (caused by {causes[-1]})"
+    return head
+
+
+# The last "module.Class: message" line of a Python traceback embedded in a JVM error.
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Conflict|Failed)): (.*)$", re.M)
+_JVM_PREFIXES = ("py4j.", "org.", "java.", "scala.")
+# e.g. ": org.apache.spark.SparkClassNotFoundException: [DATA_SOURCE_NOT_FOUND] ..." in a Py4JJavaError
+_JVM_ERROR = re.compile(r"^:? ?((?:org|java|scala)\.[\w.$]*(?:Error|Exception)): (.*)$", re.M)
+
+
+def python_cause(exc: BaseException) -> tuple[str | None, str]:
+    """(qualified name, message) of the Python exception that failed a streaming query.
+
+    An exception raised in a `foreachBatch` function reaches the driver as a
+    StreamingQueryException whose text holds the Python traceback; this finds its last line.
+
+    >>> python_cause(RuntimeError("...\\npipelines.lake.schema.SchemaMismatchError: column 'x' changed"))
+    ('pipelines.lake.schema.SchemaMismatchError', "column 'x' changed")
+    >>> python_cause(ValueError("plain"))
+    ('ValueError', 'plain')
+    >>> python_cause(RuntimeError("calling o1.load.\\n: org.apache.spark.SparkException: [X] no"))
+    ('org.apache.spark.SparkException', '[X] no')
+    """
+    text = str(exc)
+    found = [m for m in _PY_ERROR.finditer(text) if not m.group(1).startswith(_JVM_PREFIXES)]
+    if found:
+        return found[-1].group(1), found[-1].group(2).strip()
+    jvm = _JVM_ERROR.search(text)  # no Python error inside: name the JVM exception instead
+    if jvm:
+        return jvm.group(1), jvm.group(2).strip()
+    kind = type(exc)
+    qualified = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return qualified, (text.splitlines()[0] if text else kind.__name__)

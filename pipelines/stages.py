@@ -1,0 +1,140 @@
+"""The pipeline's stages in dependency order: what `seclake run-once`, `seclake stream` and Dagster run.
+
+A stage is one streaming query (`pipelines.query.Stage`): its name (also its checkpoint folder
+and Dagster op), the tables it reads and writes, and how to start it. `stages()` is the one
+ordered list; the runner (`pipelines/jobs.py`) and the asset graph (`assets/`) both read it.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from pyspark.sql import SparkSession
+
+from pipelines.lake.registry import Lake
+from pipelines.query import AVAILABLE_NOW, QueryReport, Stage, python_cause, report
+from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.settings import Settings
+
+# Deterministic failures: retrying the same query on the same data fails the same way.
+NOT_RETRIABLE = frozenset({"SchemaMismatchError", "RuleError", "AnalysisException", "ParseException"})
+
+
+def stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
+    """Every stage, each after the stages whose tables it reads: the ETL, attribution, one per rule file.
+
+    >>> [s.name for s in stages()][:3]
+    ['etl', 'dhcp_leases', 'enriched_conn']
+    >>> stages()[2].reads
+    ('silver_conn', 'dhcp_leases')
+    """
+    from pipelines import attribution, etl
+    from pipelines.rules.engine import rule_stages
+
+    found = [etl.stage(), *attribution.stages(), *rule_stages(rules_dir)]
+    known = set(Lake.names())
+    written: set[str] = set()
+    for stage in found:
+        unknown = [t for t in (*stage.reads, *stage.writes) if t not in known]
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} names {unknown}, which are not in the table registry "
+                             "(pipelines/lake/registry.py)")
+        upstream = [t for t in stage.reads if t not in written]
+        if upstream:
+            raise ValueError(f"stage {stage.name!r} reads {upstream} before any stage writes them")
+        written.update(stage.writes)
+    orphans = known - written - {ALERTS_TABLE}  # alerts has no writer while the rules folder is empty
+    if orphans:
+        raise ValueError(f"no stage writes table(s) {sorted(orphans)}: list each in the `writes` of its stage")
+    return found
+
+
+def table_stages(all_stages: list[Stage]) -> list[Stage]:
+    """The stages that write tables of their own; rule stages (they only append to `alerts`) are left
+    out, as Dagster shows one asset per rule file instead.
+
+    >>> [s.name for s in table_stages(stages())][-1]
+    'enriched_ids_alerts'
+    """
+    return [s for s in all_stages if set(s.writes) != {ALERTS_TABLE}]
+
+
+def shared_tables(all_stages: list[Stage]) -> dict[str, list[Stage]]:
+    """Each table that several stages append to (`late_events`, `alerts`) -> those stages.
+
+    >>> sorted(shared_tables(table_stages(stages())))
+    ['late_events']
+    """
+    writers: dict[str, list[Stage]] = {}
+    for stage in all_stages:
+        for table in stage.writes:
+            writers.setdefault(table, []).append(stage)
+    return {table: found for table, found in writers.items() if len(found) > 1}
+
+
+def own_tables(stage: Stage, all_stages: list[Stage]) -> tuple[str, ...]:
+    """The tables only `stage` writes.
+
+    >>> found = stages(); own_tables(found[1], found)
+    ('dhcp_leases',)
+    """
+    shared = shared_tables(all_stages)
+    return tuple(t for t in stage.writes if t not in shared)
+
+
+class StageError(RuntimeError):
+    """A stage's query failed. `python_error` names the Python exception raised inside the query
+    (e.g. `pipelines.lake.schema.SchemaMismatchError`), `report` is its progress up to the failure."""
+
+    def __init__(self, stage: str, message: str, python_error: str | None, report: QueryReport | None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.python_error = python_error
+        self.report = report
+
+    @property
+    def error_class(self) -> str:
+        """The exception's class name without its module, e.g. `SchemaMismatchError`."""
+        return (self.python_error or "").rsplit(".", 1)[-1]
+
+    @property
+    def is_schema_error(self) -> bool:
+        return self.error_class == "SchemaMismatchError"
+
+    @property
+    def retriable(self) -> bool:
+        """False for errors a retry cannot fix: a schema mismatch, an invalid rule, bad SQL.
+
+        >>> StageError("etl", "x", "pyspark.errors.AnalysisException", None).retriable
+        False
+        """
+        return self.error_class not in NOT_RETRIABLE
+
+
+def run_stage(spark: SparkSession, lake: Lake, settings: Settings, stage: Stage,
+              trigger: dict | None = None) -> QueryReport:
+    """Run one stage's query until it has processed everything available now (or `trigger`
+    says otherwise), then stop; a failed query raises `StageError` with the Python exception
+    that failed it and the progress made before.
+    """
+    lake.home.create()
+    started = time.monotonic()
+    try:
+        running = stage.start(spark, lake, settings, trigger or AVAILABLE_NOW)
+    except Exception as exc:  # the query did not even start (bad plan, missing source, ...)
+        python_error, message = python_cause(exc)
+        empty = QueryReport(stage.name, duration_s=time.monotonic() - started, error=message)
+        raise StageError(stage.name, f"stage {stage.name} did not start: {message}", python_error, empty) from exc
+    failure: BaseException | None = None
+    try:
+        running.query.awaitTermination()
+        failure = running.query.exception()  # a query that never started returns, with its error here
+    except Exception as exc:  # StreamingQueryException: the query stopped on an error
+        failure = exc
+    finally:
+        running.writer.close()
+    result = report(running, started)
+    if failure is not None:
+        python_error, message = python_cause(failure)
+        raise StageError(stage.name, f"stage {stage.name} failed: {message}", python_error, result) from failure
+    return result
