@@ -28,7 +28,7 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
     >>> build_definitions().resolve_job_def("run_once_job").name
     'run_once_job'
     """
-    pipeline_stages = table_stages(list(stage_list) if stage_list is not None else stages(rules_dir))
+    pipeline_stages = table_stages(list(stage_list) if stage_list is not None else stages())
     assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(Path(rules_dir) if rules_dir else None)]
     return Definitions(
         assets=assets,

@@ -223,8 +223,9 @@ def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
     """
     if engine not in ("auto", "spark", "pandas"):
         raise ValueError(f"engine must be 'auto', 'spark' or 'pandas', got {engine!r}")
-    columns = sorted({e.column for e in suite.expectations if getattr(e, "column", None)} & set(df.columns))
-    missing = sorted({e.column for e in suite.expectations if getattr(e, "column", None)} - set(df.columns))
+    named = {e.column for e in suite.expectations if getattr(e, "column", None)}  # type: ignore[attr-defined]
+    columns = sorted(named & set(df.columns))
+    missing = sorted(named - set(df.columns))
     if missing:
         raise ValueError(f"suite {suite.name}: column(s) {missing} not in the data (columns: {df.columns})")
     data = df.select(*columns) if columns else df

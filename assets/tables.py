@@ -104,7 +104,8 @@ def run_metadata(report: QueryReport, table: str | None, lake: Lake, quarantine_
 def as_failure(err: StageError, lake: Lake) -> Failure:
     """A Dagster Failure for a failed stage: schema errors (and other deterministic errors such
     as an invalid rule) are not retried; anything else, e.g. a commit conflict, is."""
-    meta = {"python_error": err.python_error or "-", **run_metadata(err.report, None, lake)}
+    report = err.report or QueryReport(err.stage, error=str(err))
+    meta = {"python_error": err.python_error or "-", **run_metadata(report, None, lake)}
     if not err.retriable:
         return Failure(description=f"{err} ({err.error_class}: not retried, a retry would fail the same way)",
                        metadata=meta, allow_retries=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQuery
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
@@ -131,13 +131,13 @@ class IpLeases:
         return min(self.open.expires, self.open.valid_from + self.segment_ms)
 
     def _close_due(self, now: int) -> None:
-        while self.open is not None and self.next_boundary() <= now:
-            boundary = self.next_boundary()
-            if boundary == self.open.expires:
+        while (held := self.open) is not None and (boundary := self.next_boundary()) is not None \
+                and boundary <= now:
+            if boundary == held.expires:
                 self._close(boundary, "expire")
             else:
-                self._emit(self.open, boundary, "split")
-                self.open = replace(self.open, valid_from=boundary, start_reason="split")
+                self._emit(held, boundary, "split")
+                self.open = replace(held, valid_from=boundary, start_reason="split")
 
     def _apply(self, m: Message) -> None:
         held = self.open
@@ -170,7 +170,8 @@ class IpLeases:
         self.open = OpenLease(m.mac, hostname, m.ts, m.ts + lease_ms, m.lease_time, start)
 
     def _close(self, at: int, reason: str) -> None:
-        self._emit(self.open, at, reason)
+        if self.open is not None:
+            self._emit(self.open, at, reason)
         self.open = None
 
     def _emit(self, lease: OpenLease, end: int, reason: str) -> None:
@@ -285,8 +286,9 @@ class LeaseProcessor(StatefulProcessor):
 
     def _load(self, ip: str) -> IpLeases:
         book = IpLeases(ip, self.segment_ms)
-        if self.held.exists():
-            mac, hostname, valid_from, expires, lease_time, start_reason, last_end = self.held.get()
+        state = self.held.get() if self.held.exists() else None
+        if state is not None:
+            mac, hostname, valid_from, expires, lease_time, start_reason, last_end = state
             book.last_end = last_end
             if mac is not None:
                 book.open = OpenLease(mac, hostname, valid_from, expires, lease_time, start_reason)
@@ -434,7 +436,7 @@ class AttributionWriter:
         self.query_name = table
         self.sink = lake.sink(table, app_id=table)
         self.late_sink = lake.sink(LATE_EVENTS, app_id=table)
-        self.query = None  # set by the starter once the query runs
+        self.query: StreamingQuery | None = None  # set by the starter once the query runs
         self.history: list[BatchStats] = []
         self._recorded = -1
 

@@ -119,9 +119,9 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
                         wait = _backoff(failures[r.name])
                         restart_at[r.name] = now + wait
                         log.error("query %s failed: %s; restarting it in %.0f s", r.name,
-                                  error_summary(r.query.exception()), wait)
+                                  error_summary(r.query.exception() or "unknown error"), wait)
                     else:
-                        log.error("query %s failed: %s", r.name, error_summary(r.query.exception()))
+                        log.error("query %s failed: %s", r.name, error_summary(r.query.exception() or "unknown error"))
                 elif r.name in restart_at and now >= restart_at[r.name]:
                     r.writer.close()
                     try:

@@ -64,13 +64,32 @@ class BatchStats:
 
 
 class BatchWriter(Protocol):
-    """A `foreachBatch` function that keeps one BatchStats per batch it ran."""
+    """What reports read from a query's writer: one BatchStats per batch it ran (the writer of a
+    query that never started has none), and `close` once the query has stopped."""
 
     history: list[BatchStats]
 
-    def __call__(self, rows: DataFrame, batch_id: int) -> None: ...
-
     def close(self) -> None: ...
+
+
+class QueryHandle(Protocol):
+    """The part of a StreamingQuery the runner uses; a rule that could not start stands in with
+    an object of this shape (`rules.engine.FailedQuery`)."""
+
+    @property
+    def isActive(self) -> bool: ...
+
+    @property
+    def recentProgress(self) -> list: ...
+
+    @property
+    def status(self) -> dict: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -78,7 +97,7 @@ class RunningQuery:
     """A started streaming query, the `foreachBatch` writer behind it and the tables it writes."""
 
     name: str
-    query: StreamingQuery
+    query: QueryHandle
     writer: BatchWriter
     tables: tuple[str, ...]
 
@@ -101,8 +120,8 @@ class Stage:
     start: Starter
 
 
-def start_query(frame: DataFrame, name: str, writer: BatchWriter, checkpoint: Path, trigger: dict,
-                output_mode: str = "append") -> StreamingQuery:
+def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
+                trigger: dict, output_mode: str = "append") -> StreamingQuery:
     """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""
     return (frame.writeStream
             .queryName(name)
@@ -113,7 +132,7 @@ def start_query(frame: DataFrame, name: str, writer: BatchWriter, checkpoint: Pa
             .start())
 
 
-def stop_between_batches(query: StreamingQuery, patience_s: float = 60.0) -> None:
+def stop_between_batches(query: QueryHandle, patience_s: float = 60.0) -> None:
     """Stop `query` once its running micro-batch (if any) has committed, or after `patience_s`."""
     # Stopping mid-batch is safe (the batch replays) but wasteful; give the batch time to commit.
     deadline = time.monotonic() + patience_s

@@ -31,4 +31,4 @@ class Settings:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
-        return replace(self, **overrides)
+        return replace(self, **overrides)  # type: ignore[arg-type]  # each value was checked by its caller

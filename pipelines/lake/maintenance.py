@@ -32,8 +32,10 @@ def compact(spark: SparkSession, path: str | os.PathLike, target_size: int = DEF
         raise ValueError(f"target_size must be a positive number of bytes, not {target_size!r}")
     uri = _existing(spark, path)
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_size))
-    metrics = DeltaTable.forPath(spark, uri).optimize().executeCompaction().first().metrics
-    return metrics.asDict(recursive=True)
+    result = DeltaTable.forPath(spark, uri).optimize().executeCompaction().first()
+    if result is None:  # OPTIMIZE always returns one row of metrics; None would be a Delta bug
+        raise RuntimeError(f"OPTIMIZE of {uri} returned no metrics")
+    return result.metrics.asDict(recursive=True)
 
 
 def vacuum(spark: SparkSession, path: str | os.PathLike, retention_hours: float = 168,

@@ -40,9 +40,9 @@ class Query:
     be copied into every expression that refers to it); building them as one WITH query gets
     the whole chain analysed once instead of once per step.
 
-    >>> q = Query(["file", "text"]).stage(["file"], n="length(text)")
-    >>> q.build(files).columns
-    ['file', 'n']
+    >>> q = Query(["file", "text"]).stage(["file"], n="length(text)").where("n > 0")
+    >>> q.build(spark.createDataFrame([("a.log", "xyz"), ("b.log", "")], "file string, text string")).collect()
+    [Row(file='a.log', n=3)]
     """
 
     def __init__(self, columns: list[str]) -> None:

@@ -48,9 +48,12 @@ def parse_eve(q: Query) -> Query:
     """Add the steps turning EVE data lines (columns of `split_lines(files, 'suricata')`) into source, file,
     line_number, raw, sensor, kind, error, event_time and the payload columns EVE has.
 
-    >>> lines = split_lines(files, "suricata")
-    >>> parse_eve(Query(lines.columns)).build(lines).select("kind", "error", "sensor").first()
-    Row(kind='alert', error=None, sensor='stratosphere.org')
+    >>> from pipelines.parsers import split_lines
+    >>> eve = ('{"timestamp":"2026-11-20T10:00:00.000000+0000","event_type":"alert","src_ip":"10.0.0.1",'
+    ...        '"src_port":1234,"dest_ip":"10.0.0.2","dest_port":80,"proto":"TCP","alert":{"signature_id":1}}')
+    >>> lines = split_lines(spark.createDataFrame([("eve.json", eve)], "file string, text string"), "suricata")
+    >>> parse_eve(Query(lines.columns)).build(lines).select("kind", "error", "sensor", "proto", "signature_id").first()
+    Row(kind='alert', error=None, sensor='suricata', proto='tcp', signature_id=1)
     """
     base = ["source", "file", "line_number", "raw"]
     q.stage(base, _pre=first_error(*line_checks("raw", "valid_utf8")))

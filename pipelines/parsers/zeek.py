@@ -54,9 +54,11 @@ def parse_zeek(q: Query) -> Query:
     """Add the steps turning Zeek data lines (columns of `split_lines(files, 'zeek')`) into source, file,
     line_number, raw, sensor, kind, error, event_time and the payload columns Zeek has.
 
-    >>> lines = split_lines(files, "zeek")
-    >>> parse_zeek(Query(lines.columns)).build(lines).select("kind", "error", "query").first()
-    Row(kind='dns', error=None, query='ise.wrccdc.org')
+    >>> from pipelines.parsers import split_lines
+    >>> tsv = "#path\\tdns\\n#fields\\tts\\tquery\\n1521911720.86\\texample.org\\n"   # no #separator: a tab
+    >>> lines = split_lines(spark.createDataFrame([("dns.log", tsv)], "file string, text string"), "zeek")
+    >>> parse_zeek(Query(lines.columns)).build(lines).select("line_number", "kind", "error", "query").first()
+    Row(line_number=3, kind='dns', error=None, query='example.org')
     """
     base = ["source", "file", "line_number", "raw"]
     q.stage([*base, "zeek_header"],

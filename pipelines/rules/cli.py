@@ -143,7 +143,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     against = None
     if args.against:
         other = Path(args.against)
-        against = validate_rule(other) if other.is_file() else rule_at_revision(rule.path, args.against)
+        if other.is_file():
+            against = validate_rule(other)
+        elif rule.path is None:
+            raise ValueError(f"--against {args.against}: rule {rule.slug} has no file to look up in git")
+        else:
+            against = rule_at_revision(rule.path, args.against)
     home = Home.resolve(args.home)
     truth = args.ground_truth or (home.root / GROUND_TRUTH)
     if args.ground_truth and not truth.is_file():

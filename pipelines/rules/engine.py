@@ -318,8 +318,8 @@ class RuleManager:
             if entry is None:
                 running.append(start_rule(spark, lake, settings, trigger, rule))
                 result.started.append(rule.query_name)
-            elif entry.writer.content_hash != rule.content_hash or _retryable(entry):
-                retry = entry.writer.content_hash == rule.content_hash
+            elif _content_hash(entry) != rule.content_hash or _retryable(entry):
+                retry = _content_hash(entry) == rule.content_hash
                 stop_rule(entry)
                 running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
                 (result.retried if retry else result.restarted).append(rule.query_name)
@@ -344,6 +344,11 @@ class RuleManager:
             if entry.name in result.retried and not isinstance(entry.query, FailedQuery):
                 log.warning("rules: %s started (its input tables exist now)", entry.name)
         return result
+
+
+def _content_hash(entry: RunningQuery) -> str:
+    """The hash of the rule file a rule query runs (its writer is an AlertWriter or IdleWriter)."""
+    return getattr(entry.writer, "content_hash", "")
 
 
 def _retryable(entry: RunningQuery) -> bool:

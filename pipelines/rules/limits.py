@@ -66,9 +66,9 @@ class LimitError(ValueError):
     """A refusal: `spec.check_query` turns it into a RuleError."""
 
 
-def check_limits(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -> None:
+def check_limits(tree: exp.Expr, schemas: dict, *, line_offset: int = 0) -> None:
     """Raise LimitError for the first construct that could exhaust memory or CPU."""
-    sizes: list[tuple[int, exp.Expression]] = []
+    sizes: list[tuple[int, exp.Expr]] = []
     for node in tree.walk():
         if isinstance(node, exp.Func):
             name = _name(node)
@@ -90,22 +90,22 @@ def check_limits(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -
 
 # ---------------------------------------------------------------- positions and names
 
-def _line(node: exp.Expression) -> int | None:
+def _line(node: exp.Expr) -> int | None:
     lines = [n.meta["line"] for n in node.walk() if n.meta and "line" in n.meta]
     return min(lines) if lines else None
 
 
-def _snippet(node: exp.Expression, width: int = 80) -> str:
+def _snippet(node: exp.Expr, width: int = 80) -> str:
     text = node.sql(dialect="spark")
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _where(node: exp.Expression, line_offset: int) -> str:
+def _where(node: exp.Expr, line_offset: int) -> str:
     line = _line(node)
     return f"line {line + line_offset}: " if line is not None else ""
 
 
-def _refuse(node: exp.Expression, line_offset: int, reason: str) -> LimitError:
+def _refuse(node: exp.Expr, line_offset: int, reason: str) -> LimitError:
     return LimitError(f"{_where(node, line_offset)}{_snippet(node)}: {reason}")
 
 
@@ -135,20 +135,20 @@ _ARG_ORDER: dict[type, tuple[str, ...]] = {
 }
 
 
-def _args(node: exp.Func) -> list[exp.Expression | None]:
+def _args(node: exp.Func) -> list[exp.Expr | None]:
     """The call's arguments in Spark's positional order."""
     if isinstance(node, exp.Anonymous):
         return list(node.expressions)
     keys = _ARG_ORDER.get(type(node))
     if keys is None:
         keys = ("this", "expression") if _is_regex_node(node) else tuple(node.arg_types)
-    out: list[exp.Expression | None] = []
+    out: list[exp.Expr | None] = []
     for key in keys:
         value = node.args.get(key)
         if isinstance(value, list):
             out.extend(value)
         else:
-            out.append(value if isinstance(value, exp.Expression) else None)
+            out.append(value if isinstance(value, exp.Expr) else None)
     while out and out[-1] is None:
         out.pop()
     return out
@@ -156,7 +156,7 @@ def _args(node: exp.Func) -> list[exp.Expression | None]:
 
 # ---------------------------------------------------------------- constants and bounds
 
-def _constant(node: exp.Expression | None) -> Decimal | None:
+def _constant(node: exp.Expr | None) -> Decimal | None:
     """The value of a numeric constant expression (literals, + - *, casts), else None."""
     try:
         value = _fold(node)
@@ -173,7 +173,7 @@ def _constant(node: exp.Expression | None) -> Decimal | None:
     return value
 
 
-def _fold(node: exp.Expression | None) -> Decimal | None:
+def _fold(node: exp.Expr | None) -> Decimal | None:
     while isinstance(node, (exp.Paren, exp.Cast)):  # TryCast is a Cast: 5L, CAST(5 AS INT)
         node = node.this
     if isinstance(node, exp.Literal):
@@ -194,7 +194,7 @@ def _fold(node: exp.Expression | None) -> Decimal | None:
     return None
 
 
-def _data_bound(node: exp.Expression | None) -> tuple[Decimal, int] | None:
+def _data_bound(node: exp.Expr | None) -> tuple[Decimal, int] | None:
     """`c`, `size(a) + c`, `size(a) - size(b) - c`, ...: (the constant part, how many size() terms)."""
     constant = _constant(node)
     if constant is not None:
@@ -215,7 +215,7 @@ def _data_bound(node: exp.Expression | None) -> tuple[Decimal, int] | None:
     return None
 
 
-def _string(node: exp.Expression | None) -> str | None:
+def _string(node: exp.Expr | None) -> str | None:
     if isinstance(node, exp.RawString) or (isinstance(node, exp.Literal) and node.is_string):
         return str(node.this)
     return None
@@ -293,9 +293,10 @@ def _check_sequence(node: exp.Func, args: list, line_offset: int) -> int:
                                          "a computed bound is unbounded (dates and timestamps included)")
     step = Decimal(1)
     if len(args) > 2:
-        step = _constant(args[2])
-        if step is None or step == 0:
+        given = _constant(args[2])
+        if given is None or given == 0:
             raise _refuse(node, line_offset, "sequence() step must be a non-zero numeric literal")
+        step = given
     span = abs(end[0] - start[0])
     if start[1] or end[1]:
         # Bounded by the arrays' sizes (the data) plus the constant part, which must be small.
@@ -337,13 +338,13 @@ def _check_regex_call(node: exp.Func, name: str, line_offset: int) -> None:
             if text is None:
                 raise _refuse(node, line_offset, f"{name}() pattern must be a string literal: a computed regular "
                                                  "expression cannot be checked for catastrophic backtracking")
-            for variant in {text, _as_spark_reads(literal)} - {None}:
+            for variant in {v for v in (text, _as_spark_reads(literal)) if v is not None}:
                 problem = regex_problem(variant)
                 if problem:
                     raise _refuse(node, line_offset, f"regular expression {variant!r} {problem}")
 
 
-def _as_spark_reads(literal: exp.Expression) -> str | None:
+def _as_spark_reads(literal: exp.Expr) -> str | None:
     """The pattern Spark gets from the regenerated SQL (sqlglot and Spark unescape alike; check both)."""
     try:
         again = sqlglot.parse_one(literal.sql(dialect="spark"), dialect="spark")
@@ -392,7 +393,8 @@ class _RegexParser:
     _FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
 
     def __init__(self, pattern: str) -> None:
-        self.p, self.i, self.problem = pattern, 0, None
+        self.p, self.i = pattern, 0
+        self.problem: str | None = None
 
     def parse(self) -> None:
         self._sequence()
@@ -402,7 +404,7 @@ class _RegexParser:
     def _sequence(self) -> set[str]:
         """Parse up to an unmatched ')' or the end; return which backtracking quantifiers occur in it:
         'variable' (a count that may vary: *, +, ?, {n,m}) and 'unbounded' (*, +, {n,})."""
-        p, contains = self.p, set()
+        p, contains = self.p, set[str]()
         while self.i < len(p):
             char, start = p[self.i], self.i
             if char == ")":
@@ -537,7 +539,7 @@ class _RegexParser:
 
 # ---------------------------------------------------------------- joins
 
-def _check_joins(select: exp.Select, tree: exp.Expression, schemas: dict, line_offset: int) -> None:
+def _check_joins(select: exp.Select, tree: exp.Expr, schemas: dict, line_offset: int) -> None:
     joins = select.args.get("joins") or []
     if not joins:
         return
@@ -572,21 +574,21 @@ def _check_join(join: exp.Join, left: dict, right: dict, line_offset: int) -> No
     raise LimitError(f"{_where(join, line_offset)}{_snippet(join)}: {what}")
 
 
-def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
+def _conjuncts(condition: exp.Expr) -> list[exp.Expr]:
     condition = condition.unnest() if isinstance(condition, exp.Paren) else condition
     if isinstance(condition, exp.And):
         return _conjuncts(condition.this) + _conjuncts(condition.expression)
     return [condition]
 
 
-def _is_key_equality(condition: exp.Expression, left: dict, right: dict) -> bool:
+def _is_key_equality(condition: exp.Expr, left: dict, right: dict) -> bool:
     if not isinstance(condition, (exp.EQ, exp.NullSafeEQ)):
         return False
     sides = [_side(operand, left, right) for operand in (condition.this, condition.expression)]
     return set(sides) == {"left", "right"}
 
 
-def _side(operand: exp.Expression, left: dict, right: dict) -> str | None:
+def _side(operand: exp.Expr, left: dict, right: dict) -> str | None:
     """'left' or 'right' when every column of the operand comes from that side; else None."""
     found = set()
     for column in operand.find_all(exp.Column):
@@ -607,7 +609,7 @@ def _has_column(sources: dict, name: str) -> bool | None:
     return None if any(cols is None for cols in sources.values()) else False
 
 
-def _source_columns(node: exp.Expression, tree: exp.Expression, schemas: dict) -> dict[str, list[str] | None]:
+def _source_columns(node: exp.Expr, tree: exp.Expr, schemas: dict) -> dict[str, list[str] | None]:
     """{alias: its column names (lower case), or None when unknown} for a FROM or JOIN source."""
     alias = node.alias_or_name.lower()
     if isinstance(node, exp.Table):
@@ -621,7 +623,7 @@ def _source_columns(node: exp.Expression, tree: exp.Expression, schemas: dict) -
     return {alias: None}
 
 
-def _select_columns(query: exp.Expression) -> list[str] | None:
+def _select_columns(query: exp.Expr) -> list[str] | None:
     while isinstance(query, exp.Union):
         query = query.this
     if not isinstance(query, exp.Select) or any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and

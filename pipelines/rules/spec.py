@@ -390,7 +390,7 @@ def _output_columns(tree: exp.Expression) -> list[str]:
     select = tree
     while isinstance(select, exp.Union):
         select = select.this
-    names = select.named_selects
+    names = select.named_selects  # type: ignore[attr-defined]  # every SELECT-like node has them
     if any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
            for e in select.expressions):
         raise RuleError("the rule's final SELECT must name its columns (no SELECT *): they are the alert's fields")

@@ -170,7 +170,7 @@ def _indexed(value, i: int):
 
 
 def _typed(row: dict, schema: StructType, where: str) -> dict:
-    out = {}
+    out: dict[str, object] = {}
     for name, value in row.items():
         dtype = schema[name].dataType
         try:

@@ -176,7 +176,7 @@ class Database:
         except PySparkException as exc:
             condition = exc.getCondition() or ""
             if condition.startswith("TABLE_OR_VIEW_NOT_FOUND"):
-                name = exc.getMessageParameters().get("relationName", "").replace("`", "")
+                name = (exc.getMessageParameters() or {}).get("relationName", "").replace("`", "")
                 raise SqlError(self._unknown_table(name.lower())) from exc
             raise SqlError(describe(str(exc), text, edits or [], syntax=isinstance(exc, ParseException))) from exc
         except Py4JJavaError as exc:

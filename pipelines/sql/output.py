@@ -68,7 +68,7 @@ def write_pandas(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
             return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         return str(value)
 
-    rows = [[cell(v) for v in record] for record in frame.itertuples(index=False)]
+    rows: list[list[str | None]] = [[cell(v) for v in record] for record in frame.itertuples(index=False)]
     right = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in frame.dtypes]
     _write_rows(out, fmt, list(frame.columns), rows, right, truncated=False)
 

@@ -1,6 +1,7 @@
 """The interactive `seclake sql` shell: statements end with `;`, dot-commands act at once."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -56,8 +57,10 @@ class Shell:
             if code_only(text).rstrip().endswith(";"):
                 buffer = []
                 for statement in split_statements(text):
-                    self._guarded(lambda s=statement: write_frame(
-                        self.db, self.db.sql(s, as_of=self.as_of), self.fmt, self.limit, self.out, self.err))
+                    self._guarded(functools.partial(self._run, statement))
+
+    def _run(self, statement: str) -> None:
+        write_frame(self.db, self.db.sql(statement, as_of=self.as_of), self.fmt, self.limit, self.out, self.err)
 
     def _guarded(self, action: Callable[[], None]) -> None:
         try:

@@ -118,9 +118,9 @@ def inspect(text: str) -> Found:
         tokens = sqlglot.tokenize(text, read="spark")
     except SqlglotError:
         return Found(set(), set(), exact=False)
-    writes = sorted({t.token_type.name for t in tokens} & _WRITING_TOKENS)
-    if writes:
-        raise SqlError(f"seclake sql only reads: this statement contains {writes[0]}")
+    found = sorted({t.token_type.name for t in tokens} & _WRITING_TOKENS)
+    if found:
+        raise SqlError(f"seclake sql only reads: this statement contains {found[0]}")
     names = {t.text.lower() for t in tokens if t.token_type.name in ("VAR", "IDENTIFIER")}
     return Found(names, set(), exact=False)
 
