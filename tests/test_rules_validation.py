@@ -112,7 +112,7 @@ def test_a_valid_rule_is_accepted_with_canonical_sql_and_defaults():
     rule = validate_rule(rule_text(), slug="test_rule")
     assert (rule.slug, rule.version, rule.severity, rule.mitre) == ("test_rule", 1, "low", ("T1046",))
     assert rule.tables == ("enriched_dns",) and rule.keys == ("src_ip", "mac")
-    assert rule.sql.startswith("SELECT src_ip, mac") and rule.checkpoint_name == "rules/test_rule_v1"
+    assert rule.sql.startswith("SELECT src_ip, mac") and rule.checkpoint_name == "rule_test_rule/v1"
     assert rule.query_name == "rule_test_rule"
 
 
@@ -148,6 +148,9 @@ RESOURCE_EXHAUSTION: list[tuple[str, str, str]] = [
     # the issue's examples
     ("sequence_two_billion", rule_text(where("sequence(1, 2000000000) IS NOT NULL")),
      f"sequence() would build 2,000,000,000 elements, more than the limit of {MAX_SEQUENCE:,}"),
+    # a bound computed by a nested function (sqlglot 30's function nodes once read as absent arguments)
+    ("sequence_nested_function_bound", rule_text(where("sequence(1, abs(2000000000)) IS NOT NULL")),
+     "sequence() bounds must be integer literals"),
     ("schema_of_csv_repeat", rule_text(where("query = schema_of_csv(repeat('a,', 100000000))")),
      f"repeat() size 200,000,000 (100,000,000 copies of 2 characters) {_TOO_BIG}"),
     ("url_decode_rpad", rule_text(where("url_decode(rpad('%', 100000000, 'a')) IS NOT NULL")),
