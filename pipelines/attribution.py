@@ -210,8 +210,11 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     one; RELEASE and DECLINE give back `client_addr` (`requested_addr` for DECLINE). Other
     lines (DISCOVER, OFFER, REQUEST alone, NAK, INFORM) grant nothing and are dropped here.
 
-    >>> dhcp_messages(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"])).columns[:4]  # doctest: +SKIP
-    ['event_time', 'event_id', 'kind', 'ip']
+    >>> acked = spark.sql("SELECT TIMESTAMP'2026-11-20 10:00:00' AS event_time, 'e1' AS event_id, array('ACK') AS "
+    ...                   "msg_types, '' AS client_addr, '10.0.0.7' AS assigned_addr, NULL AS requested_addr, "
+    ...                   "'08:00:27:5E:9A:A6' AS mac, 'pc-a' AS host_name, 3600.0 AS lease_time")
+    >>> dhcp_messages(acked).select("kind", "ip", "mac", "renewal").first()
+    Row(kind='ack', ip='10.0.0.7', mac='08:00:27:5e:9a:a6', renewal=False)
     """
     types = F.col("msg_types")
     kind = (F.when(F.array_contains(types, "INFORM"), F.lit(None))
@@ -308,8 +311,8 @@ class LeaseProcessor(StatefulProcessor):
 def lease_segments(dhcp: DataFrame, settings: Settings) -> DataFrame:
     """The dhcp_leases rows of a silver_dhcp stream (LEASE_SCHEMA), each emitted once, when final.
 
-    >>> lease_segments(read_stream(spark, lake.path("silver_dhcp")), Settings())  # doctest: +SKIP
-    DataFrame[ip: string, mac: string, ...]
+    `start_leases` applies it to the silver_dhcp stream (`read_stream(spark, lake.path("silver_dhcp"))`)
+    and writes the result to dhcp_leases.
     """
     messages = (dhcp.withWatermark("event_time", settings.lease_watermark)
                 .transform(dhcp_messages)
@@ -331,8 +334,9 @@ def lease_segments(dhcp: DataFrame, settings: Settings) -> DataFrame:
 def attributed_ip(table: str) -> Column:
     """The address a row is attributed by: the internal side of an alert, else the source.
 
-    >>> attributed_ip("enriched_conn")  # doctest: +SKIP
-    Column<'src_ip AS attributed_ip'>
+    >>> alerts = spark.createDataFrame([("203.0.113.9", "10.0.0.5")], "src_ip string, dst_ip string")
+    >>> alerts.select(attributed_ip("enriched_ids_alerts")).first()
+    Row(attributed_ip='10.0.0.5')
     """
     if table == "enriched_ids_alerts":
         internal = F.col("src_ip").rlike(INTERNAL_IP_PATTERN)
@@ -351,8 +355,11 @@ def load_devices(spark: SparkSession, path: Path) -> DataFrame:
     owner stay NULL (with a warning). Read once per query start, so an edit takes effect at the
     next start. MACs compare lower-case with colons.
 
-    >>> load_devices(spark, home.reference / "devices.csv").columns  # doctest: +SKIP
-    ['inv_mac', 'device', 'owner']
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = Path(tmp, "devices.csv").write_text("mac,device,owner\\n08-00-27-5E-9A-A6,PC-A,ann\\n")
+    ...     load_devices(spark, Path(tmp, "devices.csv")).collect()
+    [Row(inv_mac='08:00:27:5e:9a:a6', device='PC-A', owner='ann')]
     """
     schema = "inv_mac string, device string, owner string"
     if not path.is_file():
@@ -385,7 +392,8 @@ def attribute(events: DataFrame, leases: DataFrame, devices: DataFrame, table: s
     watermark passes event_time + max_lease_age (then, unmatched, it is emitted with NULLs);
     a segment when the watermark passes its valid_to.
 
-    >>> attribute(conn_stream, lease_stream, load_devices(spark, p), "enriched_conn", Settings())  # doctest: +SKIP
+    `start_enriched` calls it with the silver stream, the dhcp_leases stream and `load_devices`
+    of the home's inventory.
     """
     bound = F.expr(f"INTERVAL {_millis(settings.max_lease_age, 'max_lease_age')} MILLISECONDS")
     ev = events.withWatermark("event_time", settings.event_watermark).withColumn("attributed_ip", attributed_ip(table))
@@ -428,7 +436,8 @@ class AttributionWriter:
     replay records nothing twice. Progress of batches that ran just before a crash is lost
     (Spark keeps it in memory only); the rows themselves are never lost (they stay in silver).
 
-    >>> writer = AttributionWriter(spark, lake, "enriched_conn")  # doctest: +SKIP
+    `start_leases` and `start_enriched` create one per query, e.g. `AttributionWriter(spark, lake,
+    "enriched_conn")`, and pass it to the query's `foreachBatch`.
     """
 
     def __init__(self, spark: SparkSession, lake: Lake, table: str) -> None:
@@ -481,7 +490,8 @@ def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, tri
 def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the dhcp_leases query (silver_dhcp -> dhcp_leases) with `trigger`.
 
-    >>> start_leases(spark, lake, Settings(), {"availableNow": True}).query.awaitTermination()  # doctest: +SKIP
+    It is the `start` of the dhcp_leases stage in `stages()`; a run passes a trigger such as
+    `{"availableNow": True}` and waits on the returned RunningQuery's `query`.
     """
     dhcp = read_stream(spark, lake.path("silver_dhcp"), max_files=settings.max_files_per_trigger)
     writer = AttributionWriter(spark, lake, LEASES)
@@ -496,9 +506,8 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
     """Start the query writing `table` (enriched_conn, enriched_dns or enriched_ids_alerts).
 
-    dhcp_leases must exist (`start_leases` creates it).
-
-    >>> start_enriched(spark, lake, Settings(), {"availableNow": True}, table="enriched_dns")  # doctest: +SKIP
+    dhcp_leases must exist (`start_leases` creates it): `stages()` lists one such stage per
+    enriched table, after dhcp_leases.
     """
     if table not in ENRICHED_INPUTS:
         raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")

@@ -10,8 +10,8 @@ from pipelines.home import Home
 def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> int:
     """Generate (once per home), run every stage with AvailableNow, print tables and alerts.
 
-    >>> run_demo(Home.resolve("/tmp/demo"), hours=2, hosts=20)  # doctest: +SKIP
-    0
+    `seclake demo --hours 2 --hosts 20` calls `run_demo(Home.resolve(...), hours=2, hosts=20)`;
+    it returns 0 unless a stage reported an error (`.ci/demo` runs it; tests/test_demo.py checks the summary).
     """
     from pipelines.jobs import run_once
     from pipelines.lake.registry import Lake

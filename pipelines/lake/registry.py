@@ -64,7 +64,7 @@ class Lake:
     """The registry bound to one home folder: where each table lives and how to read/write it.
 
     >>> lake = Lake(Home.resolve("/tmp/x"))
-    >>> lake.path("silver_dns").as_posix()  # doctest: +SKIP
+    >>> lake.path("silver_dns").as_posix()
     '/tmp/x/tables/silver_dns'
     """
 
@@ -94,8 +94,11 @@ class Lake:
     def ensure(self, spark: SparkSession, name: str, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
         """Create `name` empty, with its registry schema and partitioning, unless it exists.
 
-        >>> Lake(Home.resolve("/tmp/x")).ensure(spark, "silver_dns")  # doctest: +SKIP
-        True
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     lake = Lake(Home.resolve(tmp))
+        ...     lake.ensure(spark, "silver_dns"), lake.ensure(spark, "silver_dns"), lake.exists("silver_dns")
+        (True, False, True)
         """
         spec = self.spec(name)
         return create_empty(spark, self.path(name), spec.schema, list(spec.partition_by), checkpoint_interval)
@@ -107,8 +110,12 @@ class Lake:
         lock keeps a second reader out while the streams write. A name registered for another
         home in this JVM is pointed at this one (only the catalog entry changes, never the data).
 
-        >>> Lake(Home.resolve("/tmp/x")).register(spark)  # doctest: +SKIP
-        ['bronze_zeek', 'bronze_suricata', ...]
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     lake = Lake(Home.resolve(tmp))
+        ...     _ = lake.ensure(spark, "silver_dns")
+        ...     lake.register(spark), spark.sql("SELECT count(*) AS n FROM silver_dns").first()
+        (['silver_dns'], Row(n=0))
         """
         done = []
         for name in names if names is not None else self.names():

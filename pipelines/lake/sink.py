@@ -124,8 +124,12 @@ def create_empty(spark: SparkSession, path: str | os.PathLike, schema: StructTyp
     upstream has committed anything. Two creators racing (rule queries, a second process) are
     safe: Delta commits version 0 once, and the loser finds the table there.
 
-    >>> create_empty(spark, "/tmp/lake/t", StructType([StructField("a", LongType())]), [])  # doctest: +SKIP
-    True
+    >>> import tempfile
+    >>> from pyspark.sql.types import LongType, StructField
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     schema = StructType([StructField("a", LongType())])
+    ...     print(create_empty(spark, f"{tmp}/t", schema, []), create_empty(spark, f"{tmp}/t", schema, []))
+    True False
     """
     from delta.tables import DeltaTable
 

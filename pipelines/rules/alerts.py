@@ -31,7 +31,14 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
     Extra columns of the rule go to `details` as JSON; `event_date` is window_start's UTC date;
     columns named in `carry` are passed through after the table's columns (not into details).
 
-    >>> alerts = alert_frame(spark.sql(rule.sql), rule)  # doctest: +SKIP
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> from pipelines.rules.spec import validate_rule
+    >>> rule = validate_rule(RULES_DIR / "dns" / "dga_nxdomain_burst.sql")
+    >>> found = spark.sql("SELECT '10.0.0.5' AS src_ip, NULL AS mac, NULL AS device, NULL AS owner, 'x' AS evidence, "
+    ...                   "TIMESTAMP'2026-11-20 10:00' AS window_start, TIMESTAMP'2026-11-20 10:05' AS window_end, "
+    ...                   "window_start AS first_seen, window_end AS last_seen, 25 AS domains")
+    >>> alert_frame(found, rule).select("severity", "details", "event_date").first()
+    Row(severity='medium', details='{"domains":25}', event_date=datetime.date(2026, 11, 20))
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
     if missing:

@@ -34,7 +34,14 @@ def run_batch(spark: SparkSession, rule: Rule, load: Callable[[SparkSession, str
     session it is passed); returns alerts-table rows plus `match_key` (the alert id without
     the rule version, to compare versions).
 
-    >>> alerts = run_batch(spark, rule, lambda s, t: read_table(s, lake.home.table(t)))  # doctest: +SKIP
+    `backtest` loads the lake's tables (`lambda s, t: read_table(s, lake.home.table(t))`), the rule
+    tests (`seclake rules test`) inline rows; here every table is empty:
+
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> from pipelines.rules.tables import table_schema
+    >>> rule = validate_rule(RULES_DIR / "dns" / "dga_nxdomain_burst.sql")
+    >>> run_batch(spark, rule, lambda s, table: s.createDataFrame([], table_schema(table))).count()
+    0
     """
     session = rule_session(spark)
     for table in rule.tables:
@@ -168,8 +175,8 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
     incidents overlapping the range; `against` (another version of the rule) adds the alerts
     only one of them raises, matched on group keys and window.
 
-    >>> report = backtest(spark, lake, rule, ground_truth=home / "ground_truth.jsonl")  # doctest: +SKIP
-    >>> print("\\n".join(report.lines()))  # doctest: +SKIP
+    `seclake rules backtest` prints `"\\n".join(backtest(spark, lake, rule, ground_truth=...).lines())`;
+    it needs a populated lake (tests/test_rules_e2e.py runs it over a generated day).
     """
     if start and end and start >= end:
         raise ValueError(f"--from {start} must be before --to {end}")
@@ -235,8 +242,8 @@ def parse_when(value: str, *, end_of_day: bool = False) -> datetime:
 def rule_at_revision(path: str | os.PathLike, revision: str) -> Rule:
     """The rule file `path` as committed at git `revision` (`git show REV:path`), validated.
 
-    >>> rule_at_revision("rules/dns/dga_nxdomain_burst.sql", "HEAD~1").version  # doctest: +SKIP
-    1
+    E.g. `rule_at_revision(RULES_DIR / "dns" / "dga_nxdomain_burst.sql", "HEAD~1")` gives the
+    previous commit's version, to backtest `against` it (tests/test_rules_backtest.py).
     """
     path = Path(path).resolve()
     try:

@@ -48,8 +48,8 @@ class RuleRunError(RuntimeError):
 class AlertWriter:
     """The `foreachBatch` function of one rule query.
 
-    >>> writer = AlertWriter(lake, rule, app_id="rule:...:v1:ab12cd34")  # doctest: +SKIP
-    >>> spark.sql(rule.sql).writeStream.foreachBatch(writer)  # doctest: +SKIP
+    `start_rule` creates one per rule (`AlertWriter(lake, rule, app_id=...)`, the app id kept in
+    the checkpoint) and passes it to the rule query's `writeStream.foreachBatch`.
     """
 
     def __init__(self, lake: Lake, rule: Rule, app_id: str) -> None:
@@ -191,8 +191,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
     """Start `rule` as its own streaming query writing to the alerts table; never raises:
     a rule that cannot start comes back as a RunningQuery whose query is a FailedQuery.
 
-    >>> running = start_rule(spark, lake, Settings(), {"availableNow": True}, rule)  # doctest: +SKIP
-    >>> running.query.awaitTermination(); running.writer.close()  # doctest: +SKIP
+    Used as `running = start_rule(spark, lake, settings, {"availableNow": True}, rule)`, then
+    `running.query.awaitTermination()` and `running.writer.close()` (tests/test_rules_engine.py).
     """
     writer: AlertWriter | None = None
     try:

@@ -18,8 +18,8 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 def default_rules_dir() -> Path:
     """`$SECLAKE_RULES`, else the repository's `rules/` folder.
 
-    >>> default_rules_dir().name  # doctest: +SKIP
-    'rules'
+    >>> default_rules_dir() == RULES_DIR  # with $SECLAKE_RULES unset
+    True
     """
     return environment.rules_dir() or RULES_DIR
 
@@ -47,9 +47,9 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
     """Validate every rule file under `rules_dir`; duplicates of an id or a file name are
     errors of every file but the first (in path order).
 
-    >>> pack = scan_rules("rules")  # doctest: +SKIP
-    >>> [r.slug for r in pack.rules][:2], pack.errors  # doctest: +SKIP
-    (['c2_beaconing', 'dga_nxdomain_burst'], {})
+    >>> pack = scan_rules(RULES_DIR)
+    >>> "dga_nxdomain_burst" in [r.slug for r in pack.rules], pack.errors
+    (True, {})
     """
     pack = RulePack()
     ids: dict[str, Path] = {}
@@ -78,8 +78,12 @@ def load_rules(rules_dir: str | os.PathLike | None = None,
     """The valid rules under `rules_dir` (default `default_rules_dir()`); each invalid file is
     logged with its reason and passed to `on_error`.
 
-    >>> [r.name for r in load_rules("rules")]  # doctest: +SKIP
-    ['C2 beaconing: regular connections to one destination', ...]
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = Path(tmp, "draft.sql").write_text("SELECT 1")
+    ...     load_rules(tmp, on_error=lambda path, reason: print(path.name, "->", reason.split(": ", 1)[1]))
+    draft.sql -> the file must open with the metadata block: YAML inside /* ... */
+    []
     """
     pack = scan_rules(rules_dir or default_rules_dir())
     for path, reason in pack.errors.items():

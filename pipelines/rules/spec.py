@@ -143,9 +143,14 @@ def validate_rule(source: str | os.PathLike, *, slug: str | None = None) -> Rule
     A str that names an existing `.sql` file is read as a path, any other str is rule text
     (its slug is then `slug`, else derived from the metadata `name`).
 
-    >>> rule = validate_rule("rules/dns/dga_nxdomain_burst.sql")  # doctest: +SKIP
-    >>> rule.severity, rule.tables  # doctest: +SKIP
-    ('high', ('enriched_dns',))
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> rule = validate_rule(RULES_DIR / "dns" / "dga_nxdomain_burst.sql")
+    >>> rule.slug, rule.severity, rule.tables, rule.keys
+    ('dga_nxdomain_burst', 'medium', ('enriched_dns',), ('src_ip', 'mac'))
+    >>> validate_rule("SELECT 1")
+    Traceback (most recent call last):
+    ...
+    pipelines.rules.spec.RuleError: rule text: the file must open with the metadata block: YAML inside /* ... */
     """
     path: Path | None = None
     if isinstance(source, os.PathLike) or (isinstance(source, str) and source.endswith(".sql")

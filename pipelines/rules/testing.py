@@ -274,7 +274,9 @@ def lint_rule(rule: Rule) -> list[str]:
     """What the pack-wide lint finds wrong with `rule` beyond validation (empty list = fine):
     its tests file must exist and hold at least one case expecting alerts and one expecting none.
 
-    >>> lint_rule(validate_rule("rules/dns/dga_nxdomain_burst.sql"))  # doctest: +SKIP
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> from pipelines.rules.spec import validate_rule
+    >>> lint_rule(validate_rule(RULES_DIR / "dns" / "dga_nxdomain_burst.sql"))
     []
     """
     try:
