@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pipelines.rules.cli import add_commands as add_rules_commands
 
     add_rules_commands(sub, _home_arg)
+
+    from pipelines.operations.cli import add_commands as add_operations_commands
+
+    add_operations_commands(sub, _home_arg, _settings_arg)
     return parser
 
 

@@ -76,9 +76,17 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     safe (exactly-once), it only replays the interrupted batch on restart. A stage query that
     fails is restarted from its checkpoint after RESTART_SECONDS, doubling per failure.
     """
+    from pipelines.operations.running import stream_marker
+
+    # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
+    with stream_marker(lake.home.create()):
+        return _stream(spark, lake, settings, stop, on_report, report_every)
+
+
+def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading.Event | None,
+            on_report: Callable[[QueryReport], None] | None, report_every: float) -> list[QueryReport]:
     from pipelines.rules import RuleManager
 
-    lake.home.create()
     stop = stop or threading.Event()
     trigger = processing_time(settings.trigger_interval)
     started = time.monotonic()

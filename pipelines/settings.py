@@ -24,6 +24,19 @@ class Settings:
     max_lease_age: str = "24 hours"
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
+    # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its
+    # floor: a stream lagging less than this, and time travel within it, still find their files.
+    vacuum_retention_hours: int = 168
+    # `seclake retention`: days of data kept per layer (by event_date; 0 keeps everything).
+    # Landing files are only the ETL's input: once processed they are replayable from bronze.
+    retention_landing_days: int = 7
+    # Raw lines serve re-parsing after a parser fix and quarantine triage: a month covers both.
+    retention_bronze_days: int = 30
+    # Silver and enriched events are what investigations and rule backtests look back over: a year.
+    retention_silver_days: int = 365
+    retention_enriched_days: int = 365
+    # Alerts are the audit trail of what was detected and when: kept.
+    retention_gold_days: int = 0
 
     def with_overrides(self, overrides: dict[str, object]) -> "Settings":
         """A copy with `overrides` applied; unknown names are a ValueError naming them."""

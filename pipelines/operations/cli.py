@@ -1,0 +1,91 @@
+"""`seclake rollback|maintain|retention`: the operator commands (docs/operations.md)."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+SettingsArgs = Callable[[argparse.ArgumentParser], None]
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: SettingsArgs, settings_arg: SettingsArgs) -> None:
+    """Add `rollback`, `maintain` and `retention` to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p: p.add_argument("--set", dest="overrides"))
+    >>> parser.parse_args(["rollback", "silver_dns", "--to-version", "3", "--cascade"]).to_version
+    3
+    """
+    rollback = sub.add_parser("rollback", help="restore a table to a version and rewind or reset the queries "
+                                               "downstream (docs/operations.md)")
+    rollback.add_argument("table", metavar="TABLE", help="table to restore, e.g. silver_dns")
+    rollback.add_argument("--to-version", type=int, required=True, metavar="N", help="Delta version to restore")
+    rollback.add_argument("--cascade", action="store_true",
+                          help="also reset every query reading a changed table, and the tables they write")
+    rollback.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    home_arg(rollback)
+    rollback.set_defaults(func=cmd_rollback)
+
+    maintain = sub.add_parser("maintain", help="OPTIMIZE, VACUUM and checkpoint the log of every table")
+    maintain.add_argument("--dry-run", action="store_true", help="print files and sizes, change nothing")
+    home_arg(maintain)
+    settings_arg(maintain)
+    maintain.set_defaults(func=cmd_maintain)
+
+    retention = sub.add_parser("retention", help="delete rows and processed landing files older than each "
+                                                 "layer's retention (pipelines/settings.py)")
+    retention.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    home_arg(retention)
+    settings_arg(retention)
+    retention.set_defaults(func=cmd_retention)
+
+
+def _lake(args: argparse.Namespace):
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+
+    return Lake(Home.resolve(args.home))
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from pipelines.operations.rollback import rollback
+
+    lake = _lake(args)
+    spark = None
+    if not args.dry_run:
+        from pipelines.spark import get_spark
+
+        spark = get_spark(app_name="seclake-rollback")
+    plan = rollback(spark, lake, args.table, args.to_version, cascade=args.cascade, dry_run=args.dry_run)
+    for line in plan.lines():
+        print(line)
+    print("dry run: nothing changed" if args.dry_run else "done: the next `seclake run-once` reprocesses from here")
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from pipelines.operations.maintain import maintain
+
+    spark = None
+    if not args.dry_run:
+        from pipelines.spark import get_spark
+
+        spark = get_spark(app_name="seclake-maintain")
+    for step in maintain(spark, _lake(args), _settings_of(args), dry_run=args.dry_run):
+        print(step.line())
+    return 0
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    from pipelines.operations.retention import apply_retention
+    from pipelines.spark import get_spark
+
+    spark = get_spark(app_name="seclake-retention")
+    for step in apply_retention(spark, _lake(args), _settings_of(args), dry_run=args.dry_run):
+        print(step.line(args.dry_run))
+    return 0
+
+
+def _settings_of(args: argparse.Namespace):
+    from pipelines.cli import _settings
+
+    return _settings(args)

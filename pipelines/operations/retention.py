@@ -1,0 +1,96 @@
+"""`seclake retention`: delete what is older than each layer's retention (`pipelines/settings.py`).
+
+Tables: Delta `DELETE WHERE event_date < cutoff` (files go at the next VACUUM, after its own
+retention). Landing files: removed when their modification time is before the cutoff *and* the
+ETL's checkpoint lists them as read (`checkpoints/etl/sources/*/*`), so nothing unprocessed goes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from urllib.parse import unquote
+
+from pyspark.sql import SparkSession
+
+from pipelines.lake.registry import Lake
+from pipelines.settings import Settings
+
+LAYER_SETTING = {"bronze": "retention_bronze_days", "silver": "retention_silver_days",
+                 "enriched": "retention_enriched_days", "gold": "retention_gold_days"}
+
+
+@dataclass(frozen=True)
+class RetentionStep:
+    """One table or the landing folder: what is (or would be) removed, older than `cutoff`."""
+
+    target: str
+    cutoff: date | None
+    removed: int
+    unit: str
+    note: str = ""
+
+    def line(self, dry_run: bool) -> str:
+        if self.cutoff is None:
+            return f"{self.target:<20} kept ({self.note or 'no retention'})"
+        verb = "would delete" if dry_run else "deleted"
+        return f"{self.target:<20} {verb} {self.removed} {self.unit} before {self.cutoff}{self.note}"
+
+
+def _cutoff(days: int, today: date) -> date | None:
+    return None if days <= 0 else today - timedelta(days=days)
+
+
+def processed_landing_files(lake: Lake) -> set[Path]:
+    """Landing files the ETL checkpoint records as read (every entry of its file-source logs)."""
+    found: set[Path] = set()
+    sources = lake.home.checkpoint("etl") / "sources"
+    for log in sources.glob("*/*") if sources.is_dir() else ():
+        if log.name.startswith("."):
+            continue
+        for line in log.read_text().splitlines()[1:]:
+            if line.strip():
+                found.add(Path(unquote(json.loads(line)["path"].removeprefix("file://"))).resolve())
+    return found
+
+
+def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(),
+                    dry_run: bool = False, today: date | None = None) -> list[RetentionStep]:
+    """Delete rows and processed landing files older than each layer's retention (or, with
+    `dry_run`, count them). `today` defaults to the UTC date."""
+    from pipelines.operations.running import refuse_while_streaming
+
+    refuse_while_streaming(lake.home, "retention")
+    today = today or datetime.now(timezone.utc).date()
+    steps = []
+    for name in (n for n in lake.names() if lake.exists(n)):
+        spec = lake.spec(name)
+        cutoff = _cutoff(getattr(settings, LAYER_SETTING[spec.layer]), today)
+        if cutoff is None or "event_date" not in spec.schema.fieldNames():
+            steps.append(RetentionStep(name, None, 0, "rows", "no retention" if cutoff is None else "no event_date"))
+            continue
+        if spark is None:
+            raise ValueError("retention of tables needs a SparkSession")
+        condition = f"event_date < DATE'{cutoff.isoformat()}'"
+        old = lake.read(spark, name).where(condition).count()
+        if old and not dry_run:
+            from pipelines.lake.admin import delete_where
+
+            delete_where(spark, lake.path(name), condition)
+        steps.append(RetentionStep(name, cutoff, old, "rows"))
+    landing_cut = _cutoff(settings.retention_landing_days, today)
+    if landing_cut is None:
+        steps.append(RetentionStep("landing", None, 0, "files"))
+        return steps
+    limit = datetime.combine(landing_cut, datetime.min.time(), timezone.utc).timestamp()
+    processed = processed_landing_files(lake)
+    old_files = [p for p in lake.home.landing.rglob("*") if p.is_file() and p.stat().st_mtime < limit]
+    ready = [p for p in old_files if p.resolve() in processed]
+    if not dry_run:
+        for path in ready:
+            path.unlink(missing_ok=True)
+    waiting = len(old_files) - len(ready)
+    steps.append(RetentionStep("landing", landing_cut, len(ready), "files",
+                               f" ({waiting} older but not yet processed: kept)" if waiting else ""))
+    return steps
