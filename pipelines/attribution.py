@@ -212,7 +212,7 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
 
     >>> acked = spark.sql("SELECT TIMESTAMP'2026-11-20 10:00:00' AS event_time, 'e1' AS event_id, array('ACK') AS "
     ...                   "msg_types, '' AS client_addr, '10.0.0.7' AS assigned_addr, NULL AS requested_addr, "
-    ...                   "'08:00:27:5E:9A:A6' AS mac, 'pc-a' AS host_name, 3600.0 AS lease_time")
+    ...                   "'08:00:27:5E:9A:A6' AS mac, 'pc-a' AS hostname, 3600.0 AS lease_time")
     >>> dhcp_messages(acked).select("kind", "ip", "mac", "renewal").first()
     Row(kind='ack', ip='10.0.0.7', mac='08:00:27:5e:9a:a6', renewal=False)
     """
@@ -226,7 +226,7 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
           .otherwise(F.coalesce(client, _address("requested_addr"))))
     return (dhcp
             .select("event_time", "event_id", kind.alias("kind"), ip.alias("ip"),
-                    F.lower(F.trim("mac")).alias("mac"), F.col("host_name").alias("hostname"), "lease_time",
+                    F.lower(F.trim("mac")).alias("mac"), "hostname", "lease_time",
                     (client.isNotNull() & (client == ip)).alias("renewal"))
             .where(F.col("kind").isNotNull() & F.col("ip").isNotNull() & F.col("mac").isNotNull())
             .withColumn("ts", F.unix_millis("event_time")))

@@ -84,7 +84,7 @@ SILVER_SCHEMAS: dict[str, StructType] = {
         *_SILVER_HEAD,
         ("uids", _STRINGS),
         ("mac", StringType()),
-        ("host_name", StringType()),
+        ("hostname", StringType()),
         ("client_fqdn", StringType()),
         ("domain", StringType()),
         ("client_addr", StringType()),

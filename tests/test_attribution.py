@@ -34,7 +34,7 @@ def dhcp(eid: str, ts: dt.datetime, mac: str, msg: list[str], *, assigned: str |
          client: str | None = None, requested: str | None = None, lease: float | None = 3600.0,
          host: str | None = None) -> dict:
     return {"event_id": eid, "event_time": ts, "mac": mac, "msg_types": msg, "assigned_addr": assigned,
-            "client_addr": client, "requested_addr": requested, "lease_time": lease, "host_name": host}
+            "client_addr": client, "requested_addr": requested, "lease_time": lease, "hostname": host}
 
 
 def event(eid: str, ts: dt.datetime, src: str, dst: str = "198.51.100.7") -> dict:

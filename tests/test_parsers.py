@@ -234,7 +234,7 @@ def test_real_logs_key_fields_populated(real):
 def test_remcos_rat_capture_parses_and_joins(real):
     zeek = real["zeek"].where(F.col("file").endswith(".labeled"))
     dhcp = to_silver(zeek, "silver_dhcp").collect()
-    assert [(r.mac, r.assigned_addr, r.host_name, r.lease_time, r.msg_types) for r in dhcp] == [
+    assert [(r.mac, r.assigned_addr, r.hostname, r.lease_time, r.msg_types) for r in dhcp] == [
         ("08:00:27:5e:9a:a6", "192.168.1.107", "NWin3", 600.0, ["REQUEST", "REQUEST", "ACK", "ACK"])]
     conn = to_silver(zeek, "silver_conn")
     first = conn.where("line_number = 9").first()
@@ -548,7 +548,7 @@ def test_eve_events_are_normalised(corpus):
     assert flow.community_id == community_id_ref("10.0.0.5", "10.0.0.1", 8, 0, "icmp")
     dhcp = rows[("eve.json", 20)]
     assert (dhcp.mac, dhcp.assigned_addr, dhcp.client_addr, dhcp.server_addr, dhcp.msg_types, dhcp.lease_time,
-            dhcp.host_name) == ("00:0c:29:aa:bb:cc", "10.0.0.12", None, "10.0.0.1", ["ACK"], 7200.0, "printer")
+            dhcp.hostname) == ("00:0c:29:aa:bb:cc", "10.0.0.12", None, "10.0.0.1", ["ACK"], 7200.0, "printer")
     v6 = rows[("eve.json", 22)]
     assert v6.community_id == community_id_ref("fe80::a00:27ff:fe5e:9aa6", "ff02::fb", 5353, 53, "udp")
 

@@ -141,7 +141,7 @@ def parse_eve(q: Query) -> Query:
         src_ip="_src_ip",
         dst_ip="_dest_ip",
         rcode_name="_dns.rcode",
-        host_name="_dhcp.hostname",
+        hostname="_dhcp.hostname",
         client_addr="nullif(_dhcp.client_ip, '0.0.0.0')",
         server_addr="CASE WHEN _dhcp.type = 'reply' THEN _src_ip END",
         requested_addr="nullif(_dhcp.requested_ip, '0.0.0.0')",

@@ -146,7 +146,8 @@ def parse_zeek(q: Query) -> Query:
                  proto=to_proto(_r("proto")),
                  dns_type=f"CASE WHEN kind = 'dns' THEN CASE WHEN {_r('rcode_name')} IS NOT NULL "
                           f"THEN 'query+answer' ELSE 'query' END END",
-                 **{name: _r(name) for name in ("query", "qtype_name", "rcode_name", "host_name", "client_fqdn",
+                 hostname=_r("host_name"),  # Zeek's dhcp.log name; `hostname` across seclake's tables
+                 **{name: _r(name) for name in ("query", "qtype_name", "rcode_name", "client_fqdn",
                                                 "domain", "client_addr", "server_addr", "requested_addr",
                                                 "assigned_addr", "service", "conn_state")})
 
