@@ -5,8 +5,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from pipelines import environment
@@ -100,13 +104,43 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
-    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+    log_level = environment.spark_log_level() or "ERROR"
+    settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
+                                                 f"-Dseclake.log.level={log_level}")
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
     settings.update(conf or {})
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
+    _start_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(environment.spark_log_level() or "ERROR")
+    spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+# The JVM's start-up notice for the incubator module Spark 4 always adds (--add-modules
+# jdk.incubator.vector); Java 17 has no switch to silence it, so the line is filtered out.
+_JVM_NOTICES = (b"WARNING: Using incubator modules",)
+
+
+def _start_jvm(master: str, app_name: str, settings: dict[str, str]) -> None:
+    """Launch Spark's JVM (once per process) with its stderr passed through a filter.
+
+    The session built next reuses this JVM (PySpark keeps one gateway per process). Everything
+    the JVM writes to stderr reaches ours, except `_JVM_NOTICES`.
+    """
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    threading.Thread(target=_forward, args=(gateway.proc.stderr,), name="seclake-jvm-stderr", daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _forward(stream: IO[bytes]) -> None:
+    # fd 2, not sys.stderr: the JVM's lines stay outside Python's stream redirections, as before.
+    for line in iter(stream.readline, b""):
+        if not line.startswith(_JVM_NOTICES):
+            os.write(2, line)
+
