@@ -109,15 +109,26 @@ Starter = Callable[["SparkSession", "Lake", "Settings", dict], RunningQuery]
 class Stage:
     """One streaming query of the pipeline.
 
-    `name` is the query's name, its checkpoint folder (`checkpoints/<name>`), its writers' Delta
-    app_id and its Dagster op; `reads` and `writes` are registry tables (landing folders are not
-    tables); `start(spark, lake, settings, trigger)` starts it.
+    `name` is the query's name, its checkpoint folder (`checkpoints/<name>`, unless `checkpoint`
+    names another: a rule's is per version), its writers' Delta app_id and its Dagster op; `reads`
+    and `writes` are registry tables (landing folders are not tables); `start(spark, lake,
+    settings, trigger)` starts it.
     """
 
     name: str
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     start: Starter
+    checkpoint: str = ""
+
+    @property
+    def checkpoint_name(self) -> str:
+        """The checkpoint folder under `<home>/checkpoints/`.
+
+        >>> Stage("enriched_dns", ("silver_dns",), ("enriched_dns",), print).checkpoint_name
+        'enriched_dns'
+        """
+        return self.checkpoint or self.name
 
 
 def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
@@ -157,13 +168,18 @@ class QueryReport:
     state_commit_ms: int = 0
     late_rows: int = 0
     error: str | None = None
+    skipped: bool = False
 
     def line(self) -> str:
         """One line for the terminal.
 
         >>> QueryReport("etl", batches=1, rows_in=5, rows_out={"silver_dns": 4}, duration_s=1.25).line()
         'etl: 1 batches, 5 rows in -> silver_dns=4 in 1.2s'
+        >>> QueryReport("enriched_dns", skipped=True).line()
+        'enriched_dns: nothing new in its input tables since its last batch (not started)'
         """
+        if self.skipped:
+            return f"{self.name}: nothing new in its input tables since its last batch (not started)"
         out = ", ".join(f"{t}={n}" for t, n in self.rows_out.items() if n) or "nothing new"
         extra = f", watermark {self.watermark}" if self.watermark else ""
         if self.state_rows:

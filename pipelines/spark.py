@@ -119,9 +119,12 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     return spark
 
 
-# The JVM's start-up notice for the incubator module Spark 4 always adds (--add-modules
-# jdk.incubator.vector); Java 17 has no switch to silence it, so the line is filtered out.
-_JVM_NOTICES = (b"WARNING: Using incubator modules",)
+# Lines that say nothing to a seclake user, filtered out of the JVM's stderr: the start-up notice
+# for the incubator module Spark 4 always adds (Java 17 has no switch to silence it), and what
+# PySpark's transformWithStateInPandas driver worker prints (on stdout, which the JVM forwards) at
+# every query start, each followed by a blank line (blank lines are dropped too).
+_JVM_NOTICES = (b"WARNING: Using incubator modules", b"Starting Streaming TransformWithStateInPandas Python worker",
+                b"Streaming TransformWithStateInPandas Python worker")
 
 
 def _start_jvm(master: str, app_name: str, settings: dict[str, str]) -> None:
@@ -141,6 +144,6 @@ def _start_jvm(master: str, app_name: str, settings: dict[str, str]) -> None:
 def _forward(stream: IO[bytes]) -> None:
     # fd 2, not sys.stderr: the JVM's lines stay outside Python's stream redirections, as before.
     for line in iter(stream.readline, b""):
-        if not line.startswith(_JVM_NOTICES):
+        if line.strip() and not line.startswith(_JVM_NOTICES):
             os.write(2, line)
 

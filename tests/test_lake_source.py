@@ -13,7 +13,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.lake.source import OldCheckpointError, check_resumable, read_stream
+from pipelines.lake.source import OldCheckpointError, caught_up, check_resumable, read_stream
 
 UTC = dt.timezone.utc
 EVENTS = "id BIGINT, ts TIMESTAMP, host STRING, event_date DATE"
@@ -270,3 +270,23 @@ def test_check_resumable_refuses_the_old_python_source_offsets(tmp_path):
     check_resumable(tmp_path / "none")
     (tmp_path / "empty" / "offsets").mkdir(parents=True)
     check_resumable(tmp_path / "empty")
+
+
+def test_caught_up_only_when_every_commit_was_read_and_committed(spark, tmp_path):
+    table, checkpoint = tmp_path / "t", tmp_path / "cp"
+    append(table, events(spark, 0, 3, 1))
+    append(table, events(spark, 3, 2, 2))
+    assert not caught_up(checkpoint, [table])  # never ran
+    batches, _ = run_available_now(spark, table, checkpoint)
+    assert sorted(ids(batches)) == [0, 1, 2, 3, 4]
+    assert caught_up(checkpoint, [table])
+    assert not caught_up(checkpoint, [table, tmp_path / "t"])  # a table it does not read twice
+    append(table, events(spark, 5, 1, 3))
+    assert not caught_up(checkpoint, [table])  # a new commit to read
+    batches, _ = run_available_now(spark, table, checkpoint)
+    assert ids(batches) == [5] and caught_up(checkpoint, [table])
+    # a batch planned but not committed (a crash mid-batch) must run again
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    (checkpoint / "commits" / str(last)).unlink()
+    assert not caught_up(checkpoint, [table])
+

@@ -65,3 +65,9 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
 
     overall = score(everything, incidents)
     assert overall.precision >= 0.95, f"{overall.true_alerts}/{overall.alerts} alerts belong to an incident"
+
+    # A second run-once with nothing new starts no stage downstream of the ETL, and changes nothing.
+    again = {r.name: r for r in jobs.run_once(spark, lake)}
+    assert again["etl"].batches == 0 and not again["etl"].skipped
+    assert all(r.skipped for name, r in again.items() if name != "etl"), [r.line() for r in again.values()]
+    assert read_table(spark, home.table(ALERTS_TABLE)).count() == len(streamed)

@@ -7,6 +7,7 @@ Python source (before delta-spark) cannot be resumed: `check_resumable` says so 
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -70,3 +71,43 @@ def check_resumable(checkpoint: str | os.PathLike) -> None:
                 f"checkpoint {checkpoint} was written by seclake's Python Delta source (before delta-spark) "
                 "and cannot be resumed: delete it and the tables its query writes, and they are rebuilt "
                 "from their inputs on the next run")
+
+
+def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) -> bool:
+    """True when the query of `checkpoint`, which streams from the Delta `tables`, has read every
+    commit they hold and committed its last batch with nothing left to do: running it now would
+    process nothing. Anything else, or anything unexpected, is False (run the query).
+
+    Reads the checkpoint's last offsets and commit files and each table's log (delta-rs, no JVM).
+    Delta's offset after a whole version v is (reservoirVersion v + 1, index -1). A stateful query
+    whose watermark moved in its last batch still owes a batch without data (timers, windows).
+
+    >>> caught_up("/tmp/no-such-checkpoint", [])
+    False
+    """
+    from deltalake import DeltaTable
+
+    offsets, commits = Path(checkpoint) / "offsets", Path(checkpoint) / "commits"
+    done = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+    if not done or not (commits / str(max(done))).is_file():
+        return False
+    last = max(done)
+    lines = (offsets / str(last)).read_text().splitlines()
+    commit = (commits / str(last)).read_text().splitlines()
+    try:
+        batch = json.loads(lines[1])
+        positions = [json.loads(line) for line in lines[2:]]
+        next_watermark = json.loads(commit[1]).get("nextBatchWatermarkMs", 0) if len(commit) > 1 else 0
+    except (IndexError, ValueError):
+        return False
+    if next_watermark != batch.get("batchWatermarkMs", 0):
+        return False
+    by_table = {p.get("reservoirId"): p for p in positions}
+    if None in by_table or len(by_table) != len(tables):
+        return False
+    for path in tables:
+        table = DeltaTable(str(path))
+        position = by_table.get(table.metadata().id)
+        if position is None or position.get("index") != -1 or position.get("reservoirVersion", -1) <= table.version():
+            return False
+    return True

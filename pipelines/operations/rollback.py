@@ -234,9 +234,12 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
                                  "their next run fails and alerts keep what the removed rows raised (use --cascade)")
     for name, target in targets.items():
         now = history(name)[-1]["version"]
-        if target is None and not any(c["rows_added"] for c in history(name)):
-            target = now  # never held a row: nothing to delete
         txn = _txn_resets(history(name), target) if target != now else {}
+        if target is None and not any(c["rows_added"] for c in history(name)):
+            # Never held a row: nothing to delete, but its writers' empty batches still hold txn
+            # ids, and a replayed batch Delta skips is never computed (a stateful query then
+            # fails its state store commit validation).
+            target = now
         plan.tables.append(TableStep(name, now, target, txn, reasons[name]))
     for stage_name, why in resets.items():
         path = lake.home.checkpoint(stage_name)

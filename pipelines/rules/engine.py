@@ -258,7 +258,8 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     """
     pack = scan_rules(rules_dir or default_rules_dir())
     stages = [Stage(rule.query_name, reads=tuple(rule.tables), writes=(ALERTS_TABLE,),
-                    start=functools.partial(start_rule, rule=rule)) for rule in pack.rules]
+                    start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
+              for rule in pack.rules]
     for path, reason in pack.errors.items():
         name = query_name(path.stem)
         stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
