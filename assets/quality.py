@@ -218,8 +218,10 @@ def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
     `engine`: `spark` (GE's Spark datasource), `pandas` (collect, then GE's pandas datasource)
     or `auto` (pandas up to `pandas_max_rows` rows).
 
-    >>> validate(spark.createDataFrame([("x",)], "proto string"), suite_for("silver_conn")).success  # doctest: +SKIP
-    False
+    >>> validate(spark.createDataFrame([("x",)], "proto string"), suite_for("silver_conn"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: suite silver_conn: column(s) ['conn_state', ...] not in the data (columns: ['proto'])
     """
     if engine not in ("auto", "spark", "pandas"):
         raise ValueError(f"engine must be 'auto', 'spark' or 'pandas', got {engine!r}")

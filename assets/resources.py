@@ -29,9 +29,7 @@ class SparkResource(ConfigurableResource):
     If a SparkContext already runs in the process (tests, notebooks), the resource uses that
     session and leaves it running at teardown; a session it started itself it stops, after
     stopping any streaming query still active.
-
-    >>> SparkResource(ui=False).session.range(1).count()  # doctest: +SKIP
-    1
+    Ops reach the session as `spark.session` (a `pyspark.sql.SparkSession`).
     """
 
     master: str | None = Field(default=None, description="Spark master; default $SECLAKE_SPARK_MASTER, else local[*]")
@@ -70,7 +68,7 @@ class SparkResource(ConfigurableResource):
 class LakeResource(ConfigurableResource):
     """The seclake home folder and the stream settings every query of a run uses.
 
-    >>> LakeResource(home="/tmp/x").lake.path("silver_dns").as_posix()  # doctest: +SKIP
+    >>> LakeResource(home="/tmp/x").lake.path("silver_dns").as_posix()
     '/tmp/x/tables/silver_dns'
     """
 
