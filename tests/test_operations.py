@@ -1,0 +1,114 @@
+"""Operator commands: rollback after a bad deploy ends equal to a clean run; checkpoint rewinds;
+the stream marker; retention's dry run."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import date
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.home import Home
+from pipelines.jobs import run_once
+from pipelines.lake.registry import Lake
+from pipelines.operations.rollback import plan_rollback, rewind_checkpoint, rollback
+from pipelines.operations.running import marker_path, running_stream
+from pipelines.settings import Settings
+from pipelines.stages import stages
+
+SETTINGS = Settings(max_files_per_trigger=2)  # several ETL batches from a small home
+COMPARED = [n for n in Lake.names() if n != "late_events"]  # late_events logs per-batch drops: batching-dependent
+
+
+def counts(spark, lake: Lake) -> dict[str, int]:
+    return {name: lake.read(spark, name).count() for name in COMPARED if lake.exists(name)}
+
+
+def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tmp_path):
+    from sample_data.generator import generate
+
+    home = Home.resolve(tmp_path / "home")
+    generate(home.root, hours=0.5, hosts=5, seed=23)
+    lake = Lake(home.create())
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    clean = counts(spark, lake)
+    clean_alerts = sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
+
+    # The bad deploy: an ETL batch that wrote wrong rows into silver_dns (as a parser bug would),
+    # committed under the ETL's writer id, then read by enriched_dns and the DNS rules.
+    wrong = (lake.read(spark, "silver_dns").limit(40)
+             .withColumn("event_id", F.concat(F.lit("bad-"), F.col("event_id")))
+             .withColumn("query", F.lit("x" * 60 + ".evil.example")))
+    lake.sink("silver_dns", app_id="etl").write_batch(wrong, 1000)
+    downstream = [s.name for s in stages() if "silver_dns" in s.reads or "enriched_dns" in s.reads]
+    run_once(spark, lake, SETTINGS, only=downstream)
+    assert lake.read(spark, "silver_dns").count() == clean["silver_dns"] + 40
+
+    versions = {n: lake.read(spark, n).count() for n in ("silver_dns",)}
+    plan = rollback(None, lake, "silver_dns", 0, cascade=True, dry_run=True)
+    text = "\n".join(plan.lines())
+    assert "checkpoint etl" in text and "rewind to batch 0" in text and "enriched_dns" in text
+    assert {n: lake.read(spark, n).count() for n in ("silver_dns",)} == versions  # the dry run changed nothing
+
+    rollback(spark, lake, "silver_dns", 0, cascade=True)
+    assert lake.read(spark, "silver_dns").where(F.col("event_id").startswith("bad-")).count() == 0
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+
+    assert counts(spark, lake) == clean
+    alerts = lake.read(spark, "alerts")
+    assert sorted(r.alert_id for r in alerts.select("alert_id").collect()) == clean_alerts
+    assert alerts.select("alert_id").distinct().count() == alerts.count()
+
+
+def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    marker_path(lake.home).write_text(f"{os.getpid()}\n")  # this process is alive
+    assert running_stream(lake.home) == os.getpid()
+    with pytest.raises(RuntimeError, match="stream .* is running"):
+        rollback(None, lake, "silver_dns", 0, dry_run=True)
+    marker_path(lake.home).write_text("999999999\n")  # a stream killed without cleanup
+    assert running_stream(lake.home) is None
+    with pytest.raises(ValueError, match="unknown table"):
+        plan_rollback(lake, "silver_nope", 0)
+    with pytest.raises(ValueError, match="does not exist"):
+        plan_rollback(lake, "silver_dns", 0)
+
+
+def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_path):
+    ck = tmp_path / "ck"
+    for sub in ("offsets", "commits", "sources/0"):
+        (ck / sub).mkdir(parents=True)
+    for batch in range(12):
+        (ck / "offsets" / str(batch)).write_text(f'v1\n{{}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n')
+        (ck / "commits" / str(batch)).write_text("v1\n{}\n")
+    entry = lambda n: json.dumps({"path": f"file:///l/f{n}", "timestamp": 1, "batchId": n})  # noqa: E731
+    # Spark compacted log batches 0..9 into 9.compact and removed 0..8.
+    (ck / "sources/0/9.compact").write_text("\n".join(["v1", *(entry(n) for n in range(10))]))
+    for n in (10, 11):
+        (ck / f"sources/0/{n}").write_text(f"v1\n{entry(n)}")
+
+    rewind_checkpoint(ck, 4)
+
+    assert sorted(int(p.name) for p in (ck / "offsets").iterdir()) == list(range(5))
+    assert sorted(int(p.name) for p in (ck / "commits").iterdir()) == list(range(5))
+    assert sorted(p.name for p in (ck / "sources/0").iterdir()) == [str(n) for n in range(5)]
+    assert (ck / "sources/0/3").read_text().splitlines()[1] == entry(3)
+    (ck / "state").mkdir()
+    with pytest.raises(ValueError, match="streaming state"):
+        rewind_checkpoint(ck, 2)
+
+
+def test_retention_dry_run_counts_and_keeps(spark, tmp_path):
+    from pipelines.operations.retention import apply_retention
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    lake.ensure(spark, "silver_dns")
+    (lake.home.landing / "zeek").mkdir(parents=True)
+    old = lake.home.landing / "zeek" / "dns.log"
+    old.write_text("x")
+    os.utime(old, (0, 0))  # 1970: older than any retention, but the ETL never read it
+    steps = {s.target: s for s in apply_retention(spark, lake, Settings(), dry_run=True, today=date(2026, 1, 1))}
+    assert steps["silver_dns"].removed == 0 and str(steps["silver_dns"].cutoff) == "2025-01-01"
+    assert steps["landing"].removed == 0 and "not yet processed" in steps["landing"].line(True)
+    assert old.exists()
