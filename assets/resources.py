@@ -11,7 +11,6 @@ or `ci`).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -84,13 +83,7 @@ class LakeResource(ConfigurableResource):
     @property
     def stream_settings(self) -> Settings:
         """`Settings` with the overrides applied; values are converted to each setting's type."""
-        defaults = Settings()
-        kinds = {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(defaults)}
-        converted: dict[str, object] = {}
-        for name, value in self.settings.items():
-            kind = kinds.get(name)
-            converted[name] = kind(value) if kind in (int, float) else value
-        return defaults.with_overrides(converted)  # ValueError names unknown settings
+        return Settings().with_overrides(self.settings)  # ValueError names unknown settings
 
 
 ENVIRONMENTS = ("local", "ci")

@@ -21,17 +21,9 @@ def _settings_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from pipelines.settings import Settings
+    from pipelines.settings import Settings, parse_assignments
 
-    defaults = Settings()
-    overrides = {}
-    for item in args.overrides:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
-        current = getattr(defaults, name, None)
-        overrides[name] = type(current)(value) if isinstance(current, int) else value
-    return defaults.with_overrides(overrides)
+    return Settings().with_overrides(parse_assignments(args.overrides))
 
 
 def _lake(args: argparse.Namespace):

@@ -1,7 +1,9 @@
 """Stream settings with their defaults and the reasons for them; one object passed to every job."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,41 @@ class Settings:
     # Alerts are the audit trail of what was detected and when: kept.
     retention_gold_days: int = 0
 
-    def with_overrides(self, overrides: dict[str, object]) -> "Settings":
-        """A copy with `overrides` applied; unknown names are a ValueError naming them."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - known)
+    def with_overrides(self, overrides: Mapping[str, object]) -> "Settings":
+        """A copy with `overrides` applied, strings converted to each setting's type (the CLI's
+        `--set`, Dagster's run config); an unknown name or a bad number is a ValueError naming it.
+
+        >>> Settings().with_overrides({"max_files_per_trigger": "20"}).max_files_per_trigger
+        20
+        >>> Settings().with_overrides({"max_files_per_trigger": "many"})
+        Traceback (most recent call last):
+        ...
+        ValueError: setting max_files_per_trigger='many': not a number (int)
+        """
+        kinds = {f.name: type(getattr(self, f.name)) for f in fields(self)}
+        unknown = sorted(set(overrides) - set(kinds))
         if unknown:
-            raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
-        return replace(self, **overrides)  # type: ignore[arg-type]  # each value was checked by its caller
+            raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(kinds)}")
+        converted: dict[str, Any] = {}
+        for name, value in overrides.items():
+            kind = kinds[name]
+            try:
+                converted[name] = kind(value) if kind in (int, float) and isinstance(value, str) else value
+            except ValueError:
+                raise ValueError(f"setting {name}={value!r}: not a number ({kind.__name__})") from None
+        return replace(self, **converted)
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` strings (the CLI's repeated `--set`) -> {NAME: VALUE}; ValueError names a bad one.
+
+    >>> parse_assignments(["trigger_interval=5 seconds"])
+    {'trigger_interval': '5 seconds'}
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+        out[name.strip()] = value
+    return out

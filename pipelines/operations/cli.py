@@ -86,6 +86,6 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def _settings_of(args: argparse.Namespace):
-    from pipelines.cli import _settings
+    from pipelines.settings import Settings, parse_assignments
 
-    return _settings(args)
+    return Settings().with_overrides(parse_assignments(args.overrides))
