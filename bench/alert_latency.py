@@ -2,7 +2,7 @@
 
 What runs, all at once:
 
-- `seclake stream --home H --set trigger_interval=<T>` (every stage `jobs.stages()` returns:
+- `seclake stream --home H --set trigger_interval=<T>` (every stage `pipelines.stages.stages()` returns:
   ETL, attribution and the rules);
 - the generator in live mode (`python -m sample_data.generator --out H --rate R`), which
   renames a complete hourly file into `H/landing/` every few seconds;

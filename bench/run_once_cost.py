@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
          [f"always-on stream ({args.trigger})", stream_per_hour,
           _per_million(stream_per_hour, window_lines_per_hour), how]],
         title=f"CPU per hour of a trickled feed ({args.hosts} hosts, EVE every "
-              f"{args.eve_every:g} s, Zeek every {args.zeek_every:g} s), every stage of jobs.stages()")
+              f"{args.eve_every:g} s, Zeek every {args.zeek_every:g} s), every stage of pipelines.stages.stages()")
     if not kept_up or drain > 0.25 * args.window:
         print(f"the stream did not keep up with the trickle here (it was busy {w_end - w_start:.0f} s for "
               f"{args.window:g} s of feed): its hour is counted at its busy CPU rate, {busy_rate:.2f} CPU s/s "

@@ -424,7 +424,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
         kills.append({"restart": restart, "mode": mode, "delay_s": round(delay, 2),
                       "commits": sum(n - commits_before.get(t, 0) for t, n in commits_after.items()),
                       # The ETL's own commits: rule queries commit to alerts even on empty input.
-                      "etl_commits": sum(commits_after.get(t, 0) - commits_before.get(t, 0) for t in etl.ETL_TABLES),
+                      "etl_commits": sum(commits_after.get(t, 0) - commits_before.get(t, 0) for t in etl.etl_tables()),
                       "at_s": round(time.monotonic() - started, 1),
                       "startup_s": round(up - started, 1) if up else None,
                       "killed_during_write": n_writing, "killed_between_write_and_commit": n_written,
@@ -452,7 +452,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     assert all(r.error is None for r in reports), [r.line() for r in reports]
     reference_alerts = row_keys(reference.table("alerts"), "alerts")
     assert reference_alerts, "the reference run raised no alert: the alert check would be vacuous"
-    checked = compare_with_reference(home, reference, manifest, exact=(*etl.ETL_TABLES, "alerts"))
+    checked = compare_with_reference(home, reference, manifest, exact=(*etl.etl_tables(), "alerts"))
 
     # What the crashed batches left behind is unreferenced; vacuum removes it and no row changes.
     from pipelines.lake.maintenance import vacuum

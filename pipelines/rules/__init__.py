@@ -3,7 +3,7 @@
 - `spec`: the rule format and its validation (`validate_rule`, `Rule`, `RuleError`);
 - `pack`: every rule of a folder (`scan_rules`, `load_rules`);
 - `engine`: one streaming query per rule appending to the `alerts` table (`start_rule`,
-  `rule_stages` for `jobs.stages()`, `RuleManager` for hot deploy in `seclake stream`);
+  `rule_stages` for `pipelines.stages.stages()`, `RuleManager` for hot deploy in `seclake stream`);
 - `backtest`: the same SQL as a batch query over history, scored against ground truth;
 - `testing`: the cases in `<rule>.tests.yml` and the pack-wide lint;
 - `cli`: `seclake rules list|validate|test|backtest`.
