@@ -2,12 +2,16 @@
 
 Four streaming queries, each with its own checkpoint (rules and edge cases: docs/attribution.md):
 
-- `dhcp_leases` (`checkpoints/dhcp_leases`): silver_dhcp -> lease segments. A stateful processor
+- `dhcp_leases` (`checkpoints/dhcp_leases`): silver_dhcp -> lease pieces. A stateful processor
   per IP buffers DHCP messages until the watermark passes them, replays them in event-time
-  order and emits non-overlapping segments [valid_from, valid_to) that are final when emitted.
+  order and emits non-overlapping pieces [valid_from, valid_to), at most `lease_piece` long,
+  each final when emitted: a held lease comes out piece by piece while it is held.
 - `enriched_conn`, `enriched_dns`, `enriched_ids_alerts` (`checkpoints/enriched_<kind>`):
   silver_<kind> LEFT OUTER stream-stream join dhcp_leases on IP and event time, then a
-  stream-static join with the device inventory `<home>/reference/devices.csv`.
+  stream-static join with the device inventory `<home>/reference/devices.csv`. An event leaves
+  as soon as the piece holding it arrives; one no lease holds, once no piece can still come.
+
+All four also read run-once's end-of-input marks (pipelines/end_of_input.py).
 
 Each query writes its table through an exactly-once `DeltaSink` in `foreachBatch` and records
 the rows its watermark dropped in `late_events`.
@@ -28,10 +32,11 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, St
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
+from pipelines.end_of_input import END_OF_INPUT, mark, newest_event, read_marks, with_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.query import BatchStats, RunningQuery, Stage, start_query
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA
+from pipelines.query import AVAILABLE_NOW, BatchStats, DoneWriter, RunningQuery, Stage, StoppedQuery, start_query
+from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 log = logging.getLogger("seclake")
@@ -63,7 +68,7 @@ class Message:
 
     ts: int
     event_id: str
-    kind: str            # "ack" | "release" | "decline"
+    kind: str            # "ack" | "inform" | "release" | "decline" | "mark" (end of input: cut here)
     mac: str
     hostname: str | None = None
     lease_time: float | None = None   # seconds, ACK only
@@ -100,7 +105,8 @@ class IpLeases:
 
     `advance(messages, until)` applies messages (ts <= until) in event-time order and closes
     what expires up to `until`; it returns the segments that closed. Segments never overlap and
-    are at most `segment_ms` long (a longer lease is cut into pieces), which bounds join state.
+    are at most `segment_ms` long (a held lease comes out in pieces), which bounds join state
+    and how long an event waits for its lease.
 
     >>> book = IpLeases("10.0.0.5", segment_ms=3_600_000)
     >>> [s.end_reason for s in book.advance([Message(0, "e1", "ack", "aa", lease_time=600.0)], until=10**7)]
@@ -141,11 +147,20 @@ class IpLeases:
 
     def _apply(self, m: Message) -> None:
         held = self.open
+        if m.kind == "mark":
+            # End of input: what is held so far comes out now; the lease stays held.
+            if held is not None and held.valid_from < m.ts:
+                self._emit(held, m.ts, "split")
+                self.open = replace(held, valid_from=m.ts, start_reason="split")
+            return
+        if m.kind == "inform" and held is not None and held.mac == m.mac:
+            return  # the holder asking for options: its lease, not a default-length binding, goes on
         if m.kind in ("release", "decline"):
             # Only the holder gives an address back; a stray or spoofed RELEASE changes nothing.
             if held is not None and held.mac == m.mac:
                 self._close(m.ts, m.kind)
             return
+        # INFORM and lease-less ACKs are evidence of the binding without a term: the default lease.
         lease_ms = int(m.lease_time * 1000) if m.lease_time and m.lease_time > 0 else self.default_lease_ms
         hostname = m.hostname
         if held is not None and held.mac == m.mac:
@@ -159,14 +174,16 @@ class IpLeases:
             start = "ack"
             if m.renewal:
                 # A client renewing an address already held it before this ACK (RFC 2131: it is
-                # BOUND), at most one lease time ago. Cap at one segment so segments reach the join
-                # in valid_to order, and never reach back over someone else's segment.
+                # BOUND), at most one lease time ago. Cap at one piece so pieces reach the join in
+                # valid_from order (see `attribute`), and never reach back over someone else's.
                 since = m.ts - min(lease_ms, self.segment_ms)
                 if self.last_end is not None:
                     since = max(since, self.last_end)
                 if since < m.ts:
                     self._emit(OpenLease(m.mac, hostname, since, m.ts, m.lease_time, "backfill"), m.ts, "renew")
                 start = "renew"
+        if m.kind == "inform":
+            start = "inform"
         self.open = OpenLease(m.mac, hostname, m.ts, m.ts + lease_ms, m.lease_time, start)
 
     def _close(self, at: int, reason: str) -> None:
@@ -206,9 +223,10 @@ _SEGMENT_OUTPUT = StructType([
 def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     """silver_dhcp rows -> the messages that move a lease, keyed by the IP they are about.
 
-    ACK (not INFORM's ACK) grants `assigned_addr`, or `client_addr` for a renewal ACK without
-    one; RELEASE and DECLINE give back `client_addr` (`requested_addr` for DECLINE). Other
-    lines (DISCOVER, OFFER, REQUEST alone, NAK, INFORM) grant nothing and are dropped here.
+    ACK grants `assigned_addr`, or `client_addr` for a renewal ACK without one; INFORM shows a
+    client using `client_addr` (set otherwise; it only asks for options); RELEASE and DECLINE give
+    back `client_addr` (`requested_addr` for DECLINE). Other lines (DISCOVER, OFFER, REQUEST
+    alone, NAK) grant nothing and are dropped here.
 
     >>> acked = spark.sql("SELECT TIMESTAMP'2026-11-20 10:00:00' AS event_time, 'e1' AS event_id, array('ACK') AS "
     ...                   "msg_types, '' AS client_addr, '10.0.0.7' AS assigned_addr, NULL AS requested_addr, "
@@ -217,12 +235,13 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     Row(kind='ack', ip='10.0.0.7', mac='08:00:27:5e:9a:a6', renewal=False)
     """
     types = F.col("msg_types")
-    kind = (F.when(F.array_contains(types, "INFORM"), F.lit(None))
+    kind = (F.when(F.array_contains(types, "INFORM"), F.lit("inform"))
             .when(F.array_contains(types, "ACK"), F.lit("ack"))
             .when(F.array_contains(types, "RELEASE"), F.lit("release"))
             .when(F.array_contains(types, "DECLINE"), F.lit("decline")))
     client = _address("client_addr")
     ip = (F.when(kind == "ack", F.coalesce(_address("assigned_addr"), client))
+          .when(kind == "inform", client)
           .otherwise(F.coalesce(client, _address("requested_addr"))))
     return (dhcp
             .select("event_time", "event_id", kind.alias("kind"), ip.alias("ip"),
@@ -308,17 +327,24 @@ class LeaseProcessor(StatefulProcessor):
                               lease.start_reason, book.last_end))
 
 
-def lease_segments(dhcp: DataFrame, settings: Settings) -> DataFrame:
+def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings) -> DataFrame:
     """The dhcp_leases rows of a silver_dhcp stream (LEASE_SCHEMA), each emitted once, when final.
 
-    `start_leases` applies it to the silver_dhcp stream (`read_stream(spark, lake.path("silver_dhcp"))`)
-    and writes the result to dhcp_leases.
+    `marks` are the end-of-input marks (`end_of_input.read_marks`): one addressed to an IP cuts its
+    held lease at the mark. `start_leases` applies it to the silver_dhcp stream and writes the
+    result to dhcp_leases.
     """
-    messages = (dhcp.withWatermark("event_time", settings.lease_watermark)
-                .transform(dhcp_messages)
-                .select("event_time", *_MESSAGE_COLUMNS))
+    at_mark = F.col("flush_at") + F.expr(f"INTERVAL {settings.lease_watermark}")
+    cuts = marks.where(F.col("ip").isNotNull()).select(
+        at_mark.alias("event_time"), "ip", F.unix_millis("flush_at").alias("ts"), F.lit("mark").alias("event_id"),
+        F.lit("mark").alias("kind"), *(F.lit(None).cast(t).alias(c) for c, t in
+                                        (("mac", "string"), ("hostname", "string"), ("lease_time", "double"))),
+        F.lit(False).alias("renewal"))
+    messages = (dhcp_messages(dhcp).select("event_time", *_MESSAGE_COLUMNS)
+                .unionByName(cuts)
+                .withWatermark("event_time", settings.lease_watermark))
     segments = messages.groupBy("ip").transformWithState(
-        LeaseProcessor(_millis(settings.max_lease_age, "max_lease_age")),
+        LeaseProcessor(_millis(settings.lease_piece, "lease_piece")),
         _SEGMENT_OUTPUT, outputMode="Append", timeMode="EventTime")
     return segments.select(
         "ip", "mac", "hostname",
@@ -381,28 +407,31 @@ def load_devices(spark: SparkSession, path: Path) -> DataFrame:
     return spark.createDataFrame(list(rows.values()), schema)
 
 
-def attribute(events: DataFrame, leases: DataFrame, devices: DataFrame, table: str, settings: Settings) -> DataFrame:
-    """Join an event stream with the lease segment holding its IP at its time, then the inventory.
+def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, DataFrame], devices: DataFrame, table: str,
+              settings: Settings) -> DataFrame:
+    """Join an event stream with the lease piece holding its IP at its time, then the inventory.
 
-    Watermarks: events on `event_time` (`event_watermark`), leases on `valid_to` with no delay:
-    dhcp_leases emits a segment only once the lease watermark passes its end, so each commit's
-    valid_to values are all later than the previous commit's, and this query reads leases by
-    whole commits (no read limit). `valid_to <= event_time + max_lease_age` holds for every
-    match (no segment is longer) and is what lets Spark evict: an event leaves state when the
-    watermark passes event_time + max_lease_age (then, unmatched, it is emitted with NULLs);
-    a segment when the watermark passes its valid_to.
+    A matched event is emitted in the micro-batch where both it and its piece are in. The time
+    bounds are what let Spark evict, and set how long an unmatched event waits:
+    `valid_from <= event_time` (a piece starting later cannot hold it) evicts an event once the
+    watermark passes its time; `valid_from >= event_time - lease_piece` (no piece is longer)
+    evicts a piece once the watermark passes its start by a piece. Leases are watermarked on
+    `valid_from` with a delay of one piece: dhcp_leases emits a piece once the lease watermark
+    passes its end, so every piece starts at most a piece before anything emitted earlier, and
+    none is ever late. Both sides also take the end-of-input marks (`marks`).
 
-    `start_enriched` calls it with the silver stream, the dhcp_leases stream and `load_devices`
-    of the home's inventory.
+    `start_enriched` calls it with the silver stream, the dhcp_leases stream, the marks stream and
+    `load_devices` of the home's inventory.
     """
-    bound = F.expr(f"INTERVAL {_millis(settings.max_lease_age, 'max_lease_age')} MILLISECONDS")
-    ev = events.withWatermark("event_time", settings.event_watermark).withColumn("attributed_ip", attributed_ip(table))
-    ls = leases.withWatermark("valid_to", "0 seconds").select(
+    piece = F.expr(f"INTERVAL {_millis(settings.lease_piece, 'lease_piece')} MILLISECONDS")
+    ev = (with_marks(events, marks[0], "event_time", settings.event_watermark)
+          .withColumn("attributed_ip", attributed_ip(table)))
+    ls = with_marks(leases, marks[1], "valid_from", settings.lease_piece).select(
         F.col("ip").alias("lease_ip"), F.col("mac").alias("lease_mac"), F.col("hostname").alias("lease_hostname"),
         F.col("valid_from").alias("lease_valid_from"), F.col("valid_to").alias("lease_valid_to"))
     matched = ev.join(ls, (ev.attributed_ip == ls.lease_ip)
-                      & (ev.event_time >= ls.lease_valid_from) & (ev.event_time < ls.lease_valid_to)
-                      & (ls.lease_valid_to <= ev.event_time + bound), "left_outer")
+                      & (ls.lease_valid_from <= ev.event_time) & (ev.event_time < ls.lease_valid_to)
+                      & (ls.lease_valid_from >= ev.event_time - piece), "left_outer")
     with_devices = matched.join(F.broadcast(devices), matched.lease_mac == devices.inv_mac, "left_outer")
     silver = [c for c in ENRICHED_SCHEMAS[table].fieldNames() if c in events.columns]
     return with_devices.select(*silver, "attributed_ip", F.col("lease_mac").alias("mac"),
@@ -500,7 +529,7 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # create one). Batch id -1 marks "nothing committed yet": batch 0 still commits.
     for table in (LEASES, LATE_EVENTS):
         lake.ensure(spark, table, settings.checkpoint_interval)
-    return _run(LEASES, lease_segments(dhcp, settings), writer, lake, trigger)
+    return _run(LEASES, lease_segments(dhcp, read_marks(spark, lake), settings), writer, lake, trigger)
 
 
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
@@ -515,17 +544,43 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     # Leases are read by whole commits (no read limit): see `attribute` for why that matters.
     leases = read_stream(spark, lake.path(LEASES))
     devices = load_devices(spark, lake.home.reference / INVENTORY_FILE)
-    frame = attribute(events, leases, devices, table, settings)
+    # One marks stream per side: a stream used twice in one plan shares its column ids, and Spark
+    # then moved the marks' `ip IS NULL` onto the lease rows (all dropped).
+    frame = attribute(events, leases, (read_marks(spark, lake), read_marks(spark, lake)), devices, table, settings)
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
 
-def stages() -> list[Stage]:
-    """The attribution queries in dependency order: `dhcp_leases`, then one per enriched table.
+def leased_ips(spark: SparkSession, lake: Lake) -> list[str]:
+    """Every IP address a DHCP message in silver_dhcp is about: the keys dhcp_leases may hold a lease for."""
+    if not lake.exists("silver_dhcp"):
+        return []
+    return [r.ip for r in dhcp_messages(lake.read(spark, "silver_dhcp")).select("ip").distinct().collect()]
 
-    >>> [(s.name, s.reads) for s in stages()][:2]
-    [('dhcp_leases', ('silver_dhcp',)), ('enriched_conn', ('silver_conn', 'dhcp_leases'))]
+
+def start_end_of_input(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
+    """Run-once's end-of-input mark (pipelines/end_of_input.py) at the newest event in silver; with
+    any other trigger (`seclake stream`) nothing: there the watermarks move with the data."""
+    writer = DoneWriter()
+    if trigger == AVAILABLE_NOW:
+        newest = newest_event(spark, lake, list(SILVER_SCHEMAS))
+        written = mark(spark, lake, newest, leased_ips(spark, lake)) if newest is not None else 0
+        stats = BatchStats(0)
+        if written:
+            stats.rows[END_OF_INPUT] = written
+        writer.history.append(stats)
+    return RunningQuery(END_OF_INPUT, StoppedQuery(END_OF_INPUT), writer, (END_OF_INPUT,))
+
+
+def stages() -> list[Stage]:
+    """The attribution queries in dependency order: run-once's `end_of_input` mark, `dhcp_leases`,
+    then one per enriched table.
+
+    >>> [(s.name, s.reads) for s in stages()][1:3]  # doctest: +NORMALIZE_WHITESPACE
+    [('dhcp_leases', ('silver_dhcp', 'end_of_input')),
+     ('enriched_conn', ('silver_conn', 'dhcp_leases', 'end_of_input'))]
     """
-    return [Stage(LEASES, reads=("silver_dhcp",), writes=(LEASES, LATE_EVENTS), start=start_leases),
-            *(Stage(table, reads=(events, LEASES), writes=(table, LATE_EVENTS),
+    return [Stage(END_OF_INPUT, reads=tuple(SILVER_SCHEMAS), writes=(END_OF_INPUT,), start=start_end_of_input),
+            Stage(LEASES, reads=("silver_dhcp", END_OF_INPUT), writes=(LEASES, LATE_EVENTS), start=start_leases),
+            *(Stage(table, reads=(events, LEASES, END_OF_INPUT), writes=(table, LATE_EVENTS),
                     start=partial(start_enriched, table=table))
               for table, events in ENRICHED_INPUTS.items())]

@@ -74,7 +74,7 @@ class BatchWriter(Protocol):
 
 class QueryHandle(Protocol):
     """The part of a StreamingQuery the runner uses; a rule that could not start stands in with
-    an object of this shape (`rules.engine.FailedQuery`)."""
+    an object of this shape (`StoppedQuery`)."""
 
     @property
     def isActive(self) -> bool: ...
@@ -100,6 +100,41 @@ class RunningQuery:
     query: QueryHandle
     writer: BatchWriter
     tables: tuple[str, ...]
+
+
+class StoppedQuery:
+    """Stands in for the StreamingQuery of a stage that has none: a rule that could not start
+    (`error` set), or run-once's end-of-input mark, written directly. Inactive, so reports and
+    `jobs.stream` treat it like a query that ended (with `error`, failed)."""
+
+    def __init__(self, name: str, error: BaseException | None = None) -> None:
+        self.name = name
+        self.error = error
+        self.id = None
+        self.isActive = False
+        self.recentProgress: list = []
+        self.lastProgress = None
+        state = f"not started: {error}" if error is not None else "done"
+        self.status = {"message": state, "isDataAvailable": False, "isTriggerActive": False}
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
+@dataclass
+class DoneWriter:
+    """The writer of a stage without a query: the batches it wrote, nothing to close."""
+
+    history: list[BatchStats] = field(default_factory=list)
+
+    def close(self) -> None:
+        pass
 
 
 Starter = Callable[["SparkSession", "Lake", "Settings", dict], RunningQuery]

@@ -205,6 +205,14 @@ ENRICHED_SCHEMAS: dict[str, StructType] = {
 }
 
 # One row per micro-batch in which a stateful attribution query dropped rows older than its watermark.
+# Run-once's marks: every event before flush_at has arrived (pipelines/end_of_input.py); ip set
+# on the copies addressed to one IP's lease state.
+END_OF_INPUT_SCHEMA = StructType(_fields(
+    ("flush_at", TimestampType()),
+    ("ip", StringType()),
+    ("written_at", TimestampType()),
+))
+
 LATE_EVENTS_SCHEMA = StructType(_fields(
     ("query", StringType()),
     ("batch_id", LongType()),

@@ -19,11 +19,20 @@ class Settings:
     trigger_interval: str = "10 seconds"
     # Bounds one micro-batch of landing files so a backlog is eaten in steps that fit in memory.
     max_files_per_trigger: int = 50
-    # Events may trail the DHCP log by a rotation period (1 h files) plus shipping delay.
-    event_watermark: str = "2 hours"
-    lease_watermark: str = "2 hours"
-    # A lease is searched at most this far before an event: longest DHCP lease we expect (1 day).
-    max_lease_age: str = "24 hours"
+    # How far an event may trail the newest event of its table and still be attributed: lines of
+    # one sensor arrive in order, sensors and file rotations skew by minutes. Later ones are late
+    # (counted in late_events, kept in silver).
+    event_watermark: str = "10 minutes"
+    # The same for DHCP messages. A lease piece is final once this watermark passes its end, so
+    # this is also most of the wait before an event is attributed.
+    lease_watermark: str = "5 minutes"
+    # dhcp_leases emits a held lease in pieces at most this long: an event is attributed once the
+    # piece holding it is out, and a renewal seen without its ACK is taken as held one piece back.
+    # Shorter means faster attribution and more dhcp_leases rows (one per IP and piece).
+    lease_piece: str = "10 minutes"
+    # A rule that declares no `watermark`: how late an enriched row may reach the rule. Enriched
+    # rows of one commit span about a lease piece plus the lease watermark.
+    rule_watermark: str = "20 minutes"
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
     # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its

@@ -284,7 +284,7 @@ def _ts(text: str):
 # --- fake stages: blocking checks, schema errors, retries ---------------------------------------
 
 class _DoneQuery:
-    """A finished query for fake stages (same surface as pipelines.rules.engine.FailedQuery)."""
+    """A finished query for fake stages (same surface as pipelines.query.StoppedQuery)."""
 
     def __init__(self, error: BaseException | None = None) -> None:
         self.error, self.isActive, self.recentProgress = error, False, []

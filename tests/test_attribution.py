@@ -9,18 +9,18 @@ from pyspark.sql import SparkSession
 
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
+from pipelines.end_of_input import END_OF_INPUT
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 from pipelines.query import AVAILABLE_NOW, report
-from pipelines.schemas import ENRICHED_SCHEMAS, SILVER_SCHEMAS
+from pipelines.schemas import END_OF_INPUT_SCHEMA, ENRICHED_SCHEMAS, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 UTC = dt.timezone.utc
 DAY = dt.datetime(2024, 3, 1, tzinfo=UTC)
-# Segments of at most one hour keep the join's event state (and these tests) small.
-SETTINGS = Settings().with_overrides({"max_lease_age": "1 hour"})
+SETTINGS = Settings()
 MAC = {name: f"02:00:00:00:00:{i:02x}" for i, name in enumerate(
-    ["A", "B", "laptop", "D", "E", "stray", "informer", "H", "M", "sentinel"], start=1)}
+    ["A", "B", "laptop", "D", "E", "stray", "informer", "H", "M"], start=1)}
 
 
 def at(hh: int, mm: int = 0, day: int = 0) -> dt.datetime:
@@ -55,11 +55,11 @@ def scenario() -> tuple[dict[str, list[dict]], dict[str, str | None]]:
         # the roaming laptop: 10.1.0.20 in one building, then 10.1.0.30 in another
         dhcp("d07", at(8), L, ["REQUEST", "ACK"], assigned="10.1.0.20", lease=7200.0, host="laptop"),
         dhcp("d08", at(9), L, ["REQUEST", "ACK"], assigned="10.1.0.30", lease=7200.0, host="laptop"),
-        # a day-long lease (cut into hourly segments), a stray RELEASE, then the address goes to E
+        # a day-long lease (emitted in pieces), a stray RELEASE, then the address goes to E
         dhcp("d09", at(8), D, ["ACK"], assigned="10.1.0.40", lease=86400.0),
         dhcp("d10", at(12, 30), MAC["stray"], ["RELEASE"], client="10.1.0.40", lease=None),
         dhcp("d11", at(13), E, ["ACK"], assigned="10.1.0.40"),
-        # INFORM and NAK grant nothing
+        # INFORM: a client with an address set otherwise, bound for the default lease; NAK grants nothing
         dhcp("d12", at(8), MAC["informer"], ["INFORM", "ACK"], client="10.1.0.50", lease=None),
         dhcp("d13", at(8), MAC["informer"], ["REQUEST", "NAK"], requested="10.1.0.51", lease=None),
         # no lease_time: the default lease (1 h)
@@ -78,26 +78,12 @@ def scenario() -> tuple[dict[str, list[dict]], dict[str, str | None]]:
         event("c15", at(8, 15), "10.1.0.70"), event("c16", at(9, 0), "10.1.0.99"),
     ]
     expected = {"c01": A, "c02": A, "c03": None, "c04": B, "c05": B, "c06": None, "c07": L, "c08": L,
-                "c09": D, "c10": D, "c11": E, "c12": None, "c13": MAC["H"], "c14": None, "c15": MAC["M"], "c16": None}
+                "c09": D, "c10": D, "c11": E, "c12": MAC["informer"], "c13": MAC["H"], "c14": None,
+                "c15": MAC["M"], "c16": None}
     dns = [event("n01", at(8, 31), "10.1.0.20", "10.1.0.1")]
     alerts = [event("a01", at(8, 10), "203.0.113.5", "10.1.0.10"), event("a02", at(10, 50), "10.1.0.10", "203.0.113.5")]
     expected |= {"n01": L, "a01": A, "a02": B}
     return {"silver_dhcp": leases, "silver_conn": conn, "silver_dns": dns, "silver_ids_alerts": alerts}, expected
-
-
-NEXT_DAY = at(0, day=1)
-
-
-def sentinels(table: str, day: dt.datetime = NEXT_DAY) -> list[dict]:
-    """Rows a day later that move every watermark past the test day, so all its rows are emitted.
-
-    The enriched queries' watermark follows the newest lease segment, so the sentinel device
-    holds a lease (cut into segments) while the DHCP watermark moves on."""
-    if table == "silver_dhcp":
-        return [dhcp("zz-dhcp-1", day, MAC["sentinel"], ["ACK"], assigned="10.9.9.9", lease=86400.0),
-                dhcp("zz-dhcp-2", day + dt.timedelta(hours=12), MAC["sentinel"], ["ACK"], assigned="10.9.9.9",
-                     lease=86400.0)]
-    return [event(f"zz-{table}", day + dt.timedelta(hours=12), "10.9.9.9")]
 
 
 def commit(lake: Lake, table: str, rows: list[dict]) -> None:
@@ -109,12 +95,15 @@ def commit(lake: Lake, table: str, rows: list[dict]) -> None:
      .write.format("delta").mode("append").partitionBy("event_date").save(str(lake.path(table))))
 
 
-def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...]) -> dict:
-    """Run dhcp_leases then each enriched table once (AvailableNow); return the reports by name."""
+def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...], *, flush: bool = True) -> dict:
+    """Run dhcp_leases then each enriched table once (AvailableNow), after marking the end of the
+    input unless `flush` is False (as a stream would); return the reports by name."""
     reports = {}
     for stage in attribution.stages():
         name = stage.name
-        if name != attribution.LEASES and name not in tables:
+        if name == END_OF_INPUT and not flush:
+            continue
+        if name not in (END_OF_INPUT, attribution.LEASES) and name not in tables:
             continue
         running = stage.start(spark, lake, settings, AVAILABLE_NOW)
         try:
@@ -127,8 +116,19 @@ def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...]) -
 
 
 def attributed(spark, lake: Lake, table: str) -> dict[str, str | None]:
-    return {r.event_id: r.mac for r in lake.read(spark, table).select("event_id", "mac").collect()
-            if not r.event_id.startswith("zz-")}
+    return {r.event_id: r.mac for r in lake.read(spark, table).select("event_id", "mac").collect()}
+
+
+def segments(spark, lake: Lake, ip: str) -> list[tuple]:
+    """The lease segments of `ip`, its pieces put back together: (mac, "HH:MM" from, to, start_reason, end_reason)."""
+    whole: list[list] = []
+    for r in lake.read(spark, "dhcp_leases").where(f"ip = '{ip}'").orderBy("valid_from").collect():
+        if whole and r.start_reason == "split" and whole[-1][2] == r.valid_from:
+            whole[-1][2], whole[-1][4] = r.valid_to, r.end_reason
+        else:
+            whole.append([r.mac, r.valid_from, r.valid_to, r.start_reason, r.end_reason])
+    return [(mac, start.strftime("%H:%M"), until.strftime("%H:%M"), why, ended)
+            for mac, start, until, why, ended in whole]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,9 +186,10 @@ def test_device_inventory_and_bad_settings(spark, tmp_path, caplog):
     lake = Lake(Home.resolve(tmp_path).create())
     with pytest.raises(ValueError, match="unknown enriched table 'enriched_http'"):
         attribution.start_enriched(spark, lake, SETTINGS, AVAILABLE_NOW, table="enriched_http")
-    with pytest.raises(ValueError, match="max_lease_age='a day'"):
+    with pytest.raises(ValueError, match="lease_piece='a day'"):
         attribution.lease_segments(spark.createDataFrame([], SILVER_SCHEMAS["silver_dhcp"]),
-                                   SETTINGS.with_overrides({"max_lease_age": "a day"}))
+                                   spark.createDataFrame([], END_OF_INPUT_SCHEMA),
+                                   SETTINGS.with_overrides({"lease_piece": "a day"}))
 
 
 def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
@@ -198,7 +199,7 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
         f"{MAC['A'].upper()},PC-A,alice,desktop\n{MAC['laptop']},LAPTOP-7,bob,laptop\n")
     rows, expected = scenario()
     for table, table_rows in rows.items():
-        commit(lake, table, table_rows + sentinels(table))
+        commit(lake, table, table_rows)
     reports = run_stages(spark, lake, SETTINGS, tuple(ENRICHED_SCHEMAS))
 
     got = {}
@@ -212,10 +213,19 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     assert conn["c16"].mac is None and conn["c16"].attributed_ip == "10.1.0.99"
     alert = lake.read(spark, "enriched_ids_alerts").where("event_id = 'a01'").first()
     assert (alert.attributed_ip, alert.device) == ("10.1.0.10", "PC-A")
-    leases = lake.read(spark, "dhcp_leases").where("ip = '10.1.0.10'").orderBy("valid_from").collect()
-    assert [(r.mac, r.valid_from.hour, r.valid_to.hour, r.end_reason) for r in leases] == [
-        (MAC["A"], 8, 8, "renew"), (MAC["A"], 8, 9, "renew"), (MAC["A"], 9, 9, "release"),
-        (MAC["B"], 10, 11, "renew"), (MAC["B"], 11, 12, "expire")]
+    # Pieces ending at a renewal or RELEASE on a piece boundary end "split"; the next one starts "renew".
+    assert segments(spark, lake, "10.1.0.10") == [
+        (MAC["A"], "08:00", "08:30", "ack", "split"), (MAC["A"], "08:30", "09:00", "renew", "split"),
+        (MAC["A"], "09:00", "09:50", "renew", "split"), (MAC["B"], "10:30", "11:00", "ack", "split"),
+        (MAC["B"], "11:00", "12:00", "renew", "expire")]
+    assert segments(spark, lake, "10.1.0.50") == [(MAC["informer"], "07:50", "08:00", "backfill", "renew"),
+                                                  (MAC["informer"], "08:00", "09:00", "inform", "expire")]
+    pieces = lake.read(spark, "dhcp_leases").selectExpr("max(valid_to - valid_from) AS longest").first().longest
+    assert pieces <= dt.timedelta(minutes=10)  # lease_piece: a held lease comes out piece by piece
+    # The day-long lease of 10.1.0.40 is still held at the end of the input: cut at the mark.
+    flush_at = at(13, 30).replace(tzinfo=None) + dt.timedelta(milliseconds=1)  # after the newest event
+    last = lake.read(spark, "dhcp_leases").where("ip = '10.1.0.40'").orderBy("valid_from").collect()[-1]
+    assert (last.mac, last.valid_to, last.end_reason) == (MAC["E"], flush_at, "split")
     assert all(r.late_rows == 0 for r in reports.values())
 
     # Rows later than the watermark are dropped by the queries, counted and recorded (they stay in silver).
@@ -230,23 +240,23 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
 
 def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp_path):
     """The input committed jittered (each row up to 90 minutes behind rows committed before it,
-    within the 2 h watermarks), four rows per commit, one file per micro-batch, a run after each
-    step, and every DHCP row committed after the events it explains. Once a final commit moves
-    the watermarks past the day, the emitted rows equal the single-run result."""
+    within 2 h watermarks), four rows per commit, one file per micro-batch, a run after each
+    step as a stream would (no end-of-input mark), and every DHCP row committed after the events
+    it explains. Once the end of the input is marked, the emitted rows equal the single-run result."""
     lake = Lake(Home.resolve(tmp_path).create())
-    settings = SETTINGS.with_overrides({"max_files_per_trigger": 1})
+    settings = SETTINGS.with_overrides({"max_files_per_trigger": 1, "event_watermark": "2 hours",
+                                        "lease_watermark": "2 hours"})
     rows, expected = scenario()
     rng = random.Random(5)
     jittered = {t: sorted(rows[t], key=lambda r: r["event_time"] + dt.timedelta(minutes=rng.uniform(0, 90)))
                 for t in ("silver_dhcp", "silver_conn")}
-    steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]},
-             {t: sentinels(t) for t in jittered}]
+    steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]}, {}]
     batches = 0
-    for step in steps:
+    for number, step in enumerate(steps, start=1):
         for table, table_rows in step.items():
             for i in range(0, max(len(table_rows), 1), 4):
                 commit(lake, table, table_rows[i:i + 4])
-        reports = run_stages(spark, lake, settings, ("enriched_conn",))
+        reports = run_stages(spark, lake, settings, ("enriched_conn",), flush=number == len(steps))
         assert all(r.late_rows == 0 for r in reports.values())
         batches += reports["enriched_conn"].batches
     assert batches >= len(jittered["silver_conn"]) // 4  # a micro-batch per conn commit at least
@@ -266,10 +276,7 @@ def test_remcos_host_attributed_on_real_zeek_logs(spark, tmp_path, real_logs):
         (landing / f"{name}.log").write_bytes((real_logs / "zeek-tsv-labeled" / f"{name}.log.labeled").read_bytes())
     [etl] = jobs.run_once(spark, lake, SETTINGS, only=["etl"])
     assert etl.error is None, etl.error
-    # The capture ends a few minutes after its last line; a sentinel moves the watermarks past it.
-    last = lake.read(spark, "silver_conn").agg({"event_time": "max"}).first()[0]
-    for table in ("silver_dhcp", "silver_conn"):
-        commit(lake, table, sentinels(table, last.replace(tzinfo=UTC) + dt.timedelta(days=1)))
+    # The capture is all there is: run-once marks its end, so every row is emitted.
     run_stages(spark, lake, SETTINGS, ("enriched_conn",))
 
     host = (lake.read(spark, "enriched_conn").where("src_ip = '192.168.1.107'")

@@ -2,17 +2,19 @@
 the backtest of each rule scored against the generator's ground truth.
 
 Checks: every injected scenario raises its rule's alert (recall 100%), at least 95% of all
-alerts belong to an injected incident, and for every window the stream's watermark has
-closed, the streamed alert ids equal the backtest's.
+alerts belong to an injected incident, both in the backtest and in what run-once streamed (it
+marks the end of its input, so every window up to the last event is closed), and for every
+window the stream's watermark has closed, the streamed alert ids equal the backtest's.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from pipelines import jobs
+from pipelines.end_of_input import END_OF_INPUT
 from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
@@ -65,9 +67,15 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
 
     overall = score(everything, incidents)
     assert overall.precision >= 0.95, f"{overall.true_alerts}/{overall.alerts} alerts belong to an incident"
+    live = score([{**a.asDict(), "window_start": a.window_start.replace(tzinfo=timezone.utc),
+                   "window_end": a.window_end.replace(tzinfo=timezone.utc)} for a in streamed], incidents)
+    assert all(live.recall[scenario][0] == live.recall[scenario][1] for scenario in SCENARIO_RULES), live.recall
+    assert live.precision >= 0.95, f"{live.true_alerts}/{live.alerts} streamed alerts belong to an incident"
 
-    # A second run-once with nothing new starts no stage downstream of the ETL, and changes nothing.
+    # A second run-once with nothing new marks nothing new, starts no query downstream of the ETL,
+    # and changes nothing.
     again = {r.name: r for r in jobs.run_once(spark, lake)}
-    assert again["etl"].batches == 0 and not again["etl"].skipped
-    assert all(r.skipped for name, r in again.items() if name != "etl"), [r.line() for r in again.values()]
+    assert again["etl"].batches == 0 and not again["etl"].skipped and not again[END_OF_INPUT].rows_out
+    assert all(r.skipped for name, r in again.items() if name not in ("etl", END_OF_INPUT)), [
+        r.line() for r in again.values()]
     assert read_table(spark, home.table(ALERTS_TABLE)).count() == len(streamed)

@@ -12,10 +12,9 @@ from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import DeltaSink
-from pipelines.query import report
+from pipelines.query import StoppedQuery, report
 from pipelines.rules.backtest import backtest
 from pipelines.rules.engine import (
-    FailedQuery,
     MissingInputError,
     RuleManager,
     claim_checkpoint,
@@ -89,11 +88,12 @@ def lake(tmp_path) -> Lake:
 
 def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark, lake):
     rules = [validate_rule(DGA), validate_rule(TUNNEL)]
+    settings = Settings().with_overrides({"rule_watermark": "2 hours"})  # the rules declare none
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
     append(spark, lake, "enriched_dns", 1, [tunnel("2026-11-20 10:00:00")], HOST_B)
     append(spark, lake, "enriched_dns", 2,
            [dga_burst("2026-11-20 11:10:00", "b"), dga_burst("2026-11-20 12:40:00", "c")], HOST_A)
-    first = run_all(spark, lake, rules)
+    first = run_all(spark, lake, rules, settings)
     assert all(r.error is None for r in first), [r.line() for r in first]
     # Last event 12:40:29, watermark 2 h: the windows closed so far are 09:10 (DGA) and 10:00 (tunnel).
     assert sum(r.rows_out.get(ALERTS_TABLE, 0) for r in first) == 2
@@ -101,7 +101,7 @@ def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark,
     # Later data moves the watermark (2 h) past 12:45: the 12:40 burst's window closes now.
     append(spark, lake, "enriched_dns", 3, [{"event_time": "2026-11-20 15:00:00", "query": "www.example.com",
                                             "rcode_name": "NOERROR"}], HOST_A)
-    second = run_all(spark, lake, rules)
+    second = run_all(spark, lake, rules, settings)
     assert all(r.error is None for r in second), [r.line() for r in second]
     streamed = alerts(spark, lake)
     assert sorted((a.rule_name.split()[0], str(a.window_start)) for a in streamed) == [
@@ -118,7 +118,7 @@ def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark,
     # A re-run from scratch (checkpoint deleted, batch ids start again at 0) adds nothing: the
     # alerts already in the table are recognised by their ids.
     shutil.rmtree(lake.home.checkpoint(rules[0].checkpoint_name))
-    third = run_all(spark, lake, rules[:1])
+    third = run_all(spark, lake, rules[:1], settings)
     assert third[0].error is None and third[0].rows_out.get(ALERTS_TABLE, 0) == 0 and third[0].batches >= 1
     again = alerts(spark, lake)
     assert len(again) == len(streamed) == len({a.alert_id for a in again})
@@ -151,13 +151,13 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
     stages = {s.name: s.start for s in rule_stages(tmp_path / "rules")}
     assert list(stages) == ["rule_dga_nxdomain_burst", "rule_broken"]
     failed = stages["rule_broken"](None, lake, Settings(), AVAILABLE_NOW)
-    assert isinstance(failed.query, FailedQuery) and "missing or empty" in str(failed.query.exception())
+    assert isinstance(failed.query, StoppedQuery) and "missing or empty" in str(failed.query.exception())
     assert "FAILED" in report(failed, time.monotonic()).line()
 
     rule = validate_rule(DGA)
     checkpoint = lake.home.checkpoint(rule.checkpoint_name)
     app_id = claim_checkpoint(checkpoint, rule)
-    assert claim_checkpoint(checkpoint, rule) == app_id and app_id.startswith(f"rule:{rule.id}:v1:")
+    assert claim_checkpoint(checkpoint, rule) == app_id and app_id.startswith(f"rule:{rule.id}:v{rule.version}:")
     edited = validate_rule(DGA.read_text().replace("domains >= 20", "domains >= 25"), slug=rule.slug)
     with pytest.raises(RuleError, match="bump `version`"):
         claim_checkpoint(checkpoint, edited)
@@ -186,12 +186,12 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         assert not manager.sync(spark, lake, settings, trigger, running)  # nothing changed: nothing done
         tunnel_query = next(r for r in running if r.name == "rule_dns_tunneling").query
 
-        # v2 of the DGA rule: restarted on its own checkpoint; the tunnelling query untouched.
-        (folder / DGA.name).write_text(DGA.read_text().replace("version: 1", "version: 2"))
+        # v3 of the DGA rule: restarted on its own checkpoint; the tunnelling query untouched.
+        (folder / DGA.name).write_text(DGA.read_text().replace("version: 2", "version: 3"))
         second = manager.sync(spark, lake, settings, trigger, running)
         assert second.restarted == ["rule_dga_nxdomain_burst"] and not second.started and not second.stopped
         assert next(r for r in running if r.name == "rule_dns_tunneling").query is tunnel_query
-        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst").writer.rule.version == 2
+        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst").writer.rule.version == 3
 
         # An edit that breaks the file keeps the running version; a new invalid file starts nothing.
         (folder / TUNNEL.name).write_text("/* broken */ SELECT 1")
@@ -208,8 +208,8 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         assert fourth.stopped == ["rule_dns_tunneling"] and not tunnel_query.isActive
         assert [r.name for r in running] == ["rule_dga_nxdomain_burst"]
 
-        # v2 reads the table from its own checkpoint: the burst is alerted again, as v2.
-        assert wait_for(lambda: any(a.rule_version == 2 for a in alerts(spark, lake)))
+        # v3 reads the table from its own checkpoint: the burst is alerted again, as v3.
+        assert wait_for(lambda: any(a.rule_version == 3 for a in alerts(spark, lake)))
     finally:
         for r in running:
             stop_rule(r)

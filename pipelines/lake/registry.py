@@ -39,6 +39,8 @@ def _specs() -> dict[str, TableSpec]:
         TableSpec(name, "silver", schemas.SILVER_DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
         for name, schema in schemas.SILVER_SCHEMAS.items()
     ]
+    specs.append(TableSpec("end_of_input", "silver", "run-once's marks: every event before flush_at has arrived",
+                           schemas.END_OF_INPUT_SCHEMA))
     specs.append(TableSpec("dhcp_leases", "silver", "non-overlapping DHCP lease segments: which MAC held an IP when",
                            schemas.LEASE_SCHEMA, ("event_date",)))
     specs += [

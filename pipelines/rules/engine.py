@@ -7,7 +7,7 @@ rows into alerts, drops the alert ids the table already holds and commits throug
 (app_id per rule version and checkpoint, so a replayed batch commits nothing).
 
 A rule that cannot start (missing input table, analysis error) gives a `RunningQuery` whose
-query is a `FailedQuery` carrying the error: the other rules start and run regardless.
+query is a `StoppedQuery` carrying the error: the other rules start and run regardless.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.end_of_input import END_OF_INPUT, read_marks, with_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.query import BatchStats, RunningQuery, Stage, start_query, stop_between_batches
+from pipelines.query import BatchStats, RunningQuery, Stage, StoppedQuery, start_query, stop_between_batches
 from pipelines.rules.alerts import alert_frame, unseen
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
@@ -113,29 +114,6 @@ class IdleWriter:
         pass
 
 
-class FailedQuery:
-    """Stands in for the StreamingQuery of a rule that could not start: inactive, with the
-    error as its exception, so reports and `jobs.stream` treat it like a query that failed."""
-
-    def __init__(self, name: str, error: BaseException) -> None:
-        self.name = name
-        self.error = error
-        self.id = None
-        self.isActive = False
-        self.recentProgress: list = []
-        self.lastProgress = None
-        self.status = {"message": f"not started: {error}", "isDataAvailable": False, "isTriggerActive": False}
-
-    def exception(self) -> BaseException:
-        return self.error
-
-    def awaitTermination(self, timeout: float | None = None) -> bool:
-        return True
-
-    def stop(self) -> None:
-        pass
-
-
 # Spark pushes filters that do not use the event-time column below the watermark operator, so
 # a rule's watermark would only advance with the rows its WHERE clause keeps: a rule for rare
 # events (a tunnel, a high-severity IDS alert) would leave its last windows open until the
@@ -189,7 +167,7 @@ def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
 
 def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, rule: Rule) -> RunningQuery:
     """Start `rule` as its own streaming query writing to the alerts table; never raises:
-    a rule that cannot start comes back as a RunningQuery whose query is a FailedQuery.
+    a rule that cannot start comes back as a RunningQuery whose query is a StoppedQuery.
 
     Used as `running = start_rule(spark, lake, settings, {"availableNow": True}, rule)`, then
     `running.query.awaitTermination()` and `running.writer.close()` (tests/test_rules_engine.py).
@@ -204,12 +182,12 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         app_id = claim_checkpoint(checkpoint, rule)
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
         session = rule_session(spark, streaming=True)
+        marks = read_marks(session, lake)
         for table in rule.tables:
-            # Whole commits per micro-batch (no read limit): a commit of enriched rows spans hours of
-            # event time in every file, so splitting it by files would make the later files look late.
-            (read_stream(session, table_path(lake, table))
-             .withWatermark(rule.event_time, rule.watermark)
-             .createOrReplaceTempView(table))
+            # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
+            # of event time in every file, so splitting it by files would make the later files look late.
+            with_marks(read_stream(session, table_path(lake, table)), marks, rule.event_time,
+                       rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
         writer = AlertWriter(lake, rule, app_id)
@@ -222,13 +200,13 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             "rule %s did not start: %s", rule.slug, _first_line(exc))
         if writer is not None:
             writer.close()
-        return RunningQuery(rule.query_name, FailedQuery(rule.query_name, exc),
+        return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, exc),
                             IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
 
 
 def invalid_rule(name: str, reason: str, content_hash: str) -> RunningQuery:
     """The RunningQuery of a rule file that did not validate: failed, with the reason."""
-    return RunningQuery(name, FailedQuery(name, RuleError(reason)), IdleWriter(None, content_hash), (ALERTS_TABLE,))
+    return RunningQuery(name, StoppedQuery(name, RuleError(reason)), IdleWriter(None, content_hash), (ALERTS_TABLE,))
 
 
 def stop_rule(running: RunningQuery, patience_s: float = 60.0) -> None:
@@ -257,7 +235,7 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     ['rule_c2_beaconing', 'rule_dga_nxdomain_burst']
     """
     pack = scan_rules(rules_dir or default_rules_dir())
-    stages = [Stage(rule.query_name, reads=tuple(rule.tables), writes=(ALERTS_TABLE,),
+    stages = [Stage(rule.query_name, reads=(*rule.tables, END_OF_INPUT), writes=(ALERTS_TABLE,),
                     start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
               for rule in pack.rules]
     for path, reason in pack.errors.items():
@@ -342,7 +320,7 @@ class RuleManager:
             log.warning("rules: %s %s", name, "started" if name in result.started else
                         "restarted" if name in result.restarted else "stopped")
         for entry in running:
-            if entry.name in result.retried and not isinstance(entry.query, FailedQuery):
+            if entry.name in result.retried and not isinstance(entry.query, StoppedQuery):
                 log.warning("rules: %s started (its input tables exist now)", entry.name)
         return result
 
@@ -353,4 +331,4 @@ def _content_hash(entry: RunningQuery) -> str:
 
 
 def _retryable(entry: RunningQuery) -> bool:
-    return isinstance(entry.query, FailedQuery) and isinstance(entry.query.error, MissingInputError)
+    return isinstance(entry.query, StoppedQuery) and isinstance(entry.query.error, MissingInputError)

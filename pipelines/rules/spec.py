@@ -36,9 +36,10 @@ _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 REQUIRED_METADATA: tuple[str, ...] = (
     "id", "name", "version", "severity", "mitre", "description", "false_positives",
-    "tables", "event_time", "watermark", "window",
+    "tables", "event_time", "window",
 )
 OPTIONAL_METADATA: tuple[str, ...] = ("keys", "references")
+# `watermark` is optional too (a string, not a list): without it, Settings.rule_watermark.
 DEFAULT_KEYS: tuple[str, ...] = ("src_ip", "mac")
 
 # Functions a rule may not call, with the reason given to its author.
@@ -88,7 +89,7 @@ class Rule:
     false_positives: tuple[str, ...]
     tables: tuple[str, ...]
     event_time: str
-    watermark: str
+    watermark: str | None  # None: Settings.rule_watermark
     window: str
     keys: tuple[str, ...]
     columns: tuple[str, ...]
@@ -200,12 +201,12 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
     if unknown_keys:
         raise RuleError(f"keys {unknown_keys} must be output columns of the SELECT other than the window")
     sql = tree.sql(dialect="spark", comments=False)
-    logic = "\n".join([sql, meta["event_time"], meta["watermark"], meta["window"], ",".join(keys)])
+    logic = "\n".join([sql, meta["event_time"], meta.get("watermark") or "", meta["window"], ",".join(keys)])
     return Rule(
         slug=slug, id=meta["id"], name=meta["name"], version=meta["version"], severity=meta["severity"],
         mitre=tuple(meta["mitre"]), description=meta["description"].strip(),
         false_positives=tuple(meta["false_positives"]), tables=declared, event_time=meta["event_time"],
-        watermark=meta["watermark"], window=meta["window"], keys=keys, columns=columns, sql=sql,
+        watermark=meta.get("watermark"), window=meta["window"], keys=keys, columns=columns, sql=sql,
         content_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         logic_hash=hashlib.sha256(logic.encode("utf-8")).hexdigest(),
         references=tuple(meta.get("references") or ()), path=path,
@@ -234,10 +235,10 @@ def split_metadata(text: str) -> tuple[dict, str]:
 
 
 def _check_metadata(meta: dict) -> dict:
-    unknown = sorted(set(map(str, meta)) - set(REQUIRED_METADATA) - set(OPTIONAL_METADATA))
+    allowed = (*REQUIRED_METADATA, *OPTIONAL_METADATA, "watermark")
+    unknown = sorted(set(map(str, meta)) - set(allowed))
     if unknown:
-        raise RuleError(f"unknown metadata field(s) {unknown}; allowed: "
-                        f"{', '.join(REQUIRED_METADATA + OPTIONAL_METADATA)}")
+        raise RuleError(f"unknown metadata field(s) {unknown}; allowed: {', '.join(allowed)}")
     missing = [k for k in REQUIRED_METADATA if meta.get(k) in (None, "", [])]
     if missing:
         raise RuleError(f"metadata field(s) {missing} missing or empty")
@@ -263,6 +264,8 @@ def _check_metadata(meta: dict) -> dict:
         if not isinstance(meta[name], str):
             raise RuleError(f"{name} must be a string, got {meta[name]!r}")
     for name in ("watermark", "window"):
+        if name == "watermark" and meta.get(name) is None:
+            continue
         try:
             interval_seconds(meta[name])
         except ValueError as exc:

@@ -1,7 +1,7 @@
 /*
 id: 698543fc-41b2-4a62-b172-a068f14e51ab
 name: C2 beaconing at a regular interval
-version: 1
+version: 2
 severity: high
 mitre: [T1071.001, T1573]
 description: >
@@ -19,7 +19,6 @@ references:
   - https://attack.mitre.org/techniques/T1071/001/
 tables: [enriched_conn]
 event_time: event_time
-watermark: 2 hours
 window: 1 hour
 keys: [src_ip, mac, dst_ip, dst_port]
 */

@@ -1,7 +1,7 @@
 /*
 id: af17274f-539a-4731-afe7-60af887fc10e
 name: Internal port scan
-version: 1
+version: 2
 severity: medium
 mitre: [T1046]
 description: >
@@ -16,7 +16,6 @@ references:
   - https://attack.mitre.org/techniques/T1046/
 tables: [enriched_conn]
 event_time: event_time
-watermark: 2 hours
 window: 10 minutes
 */
 WITH internal_tcp AS (

@@ -1,7 +1,7 @@
 /*
 id: 5c284923-fe82-4abe-a092-1675e2d3c4fe
 name: Unknown device on the network
-version: 1
+version: 2
 severity: medium
 mitre: [T1200]
 description: >
@@ -16,7 +16,6 @@ references:
   - https://attack.mitre.org/techniques/T1200/
 tables: [enriched_conn]
 event_time: event_time
-watermark: 2 hours
 window: 1 hour
 */
 WITH unregistered AS (

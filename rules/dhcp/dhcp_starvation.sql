@@ -1,7 +1,7 @@
 /*
 id: 4cf96db2-c68c-4b63-bf83-4b22919975d7
 name: DHCP starvation (many client MACs in a short time)
-version: 1
+version: 2
 severity: high
 mitre: [T1557.003, T1498]
 description: >
@@ -17,7 +17,6 @@ references:
   - https://attack.mitre.org/techniques/T1557/003/
 tables: [silver_dhcp]
 event_time: event_time
-watermark: 2 hours
 window: 5 minutes
 */
 WITH client_requests AS (

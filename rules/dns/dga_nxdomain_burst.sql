@@ -1,7 +1,7 @@
 /*
 id: f6097087-51a0-4890-829e-23f828e73b08
 name: DGA-like burst of NXDOMAIN answers
-version: 1
+version: 2
 severity: medium
 mitre: [T1568.002]
 description: >
@@ -16,7 +16,6 @@ references:
   - https://attack.mitre.org/techniques/T1568/002/
 tables: [enriched_dns]
 event_time: event_time
-watermark: 2 hours
 window: 5 minutes
 */
 WITH failed_lookups AS (

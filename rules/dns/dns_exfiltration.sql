@@ -1,7 +1,7 @@
 /*
 id: 568b4923-9b43-430d-9af7-356dbea2fc5a
 name: DNS exfiltration by aggregate query size
-version: 1
+version: 2
 severity: high
 mitre: [T1048.003, T1071.004]
 description: >
@@ -18,7 +18,6 @@ references:
   - https://attack.mitre.org/techniques/T1048/003/
 tables: [enriched_dns]
 event_time: event_time
-watermark: 2 hours
 window: 10 minutes
 */
 WITH long_queries AS (

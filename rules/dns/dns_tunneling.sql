@@ -1,7 +1,7 @@
 /*
 id: af471ec4-dc86-4e6d-a3a7-e623682079b7
 name: DNS tunnelling over TXT/NULL records with long labels
-version: 1
+version: 2
 severity: high
 mitre: [T1071.004, T1572]
 description: >
@@ -16,7 +16,6 @@ references:
   - https://attack.mitre.org/techniques/T1572/
 tables: [enriched_dns]
 event_time: event_time
-watermark: 2 hours
 window: 10 minutes
 */
 WITH payload_queries AS (

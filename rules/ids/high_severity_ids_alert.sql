@@ -1,7 +1,7 @@
 /*
 id: 3b8e661c-d0bb-47c6-85cd-837b3adab3b8
 name: High-severity IDS alert on a known device
-version: 1
+version: 2
 severity: high
 mitre: [T1071, T1204]
 description: >
@@ -17,7 +17,6 @@ references:
   - https://docs.suricata.io/en/latest/rules/meta.html#priority
 tables: [enriched_ids_alerts]
 event_time: event_time
-watermark: 2 hours
 window: 10 minutes
 keys: [src_ip, mac, signature_id]
 */

@@ -1,0 +1,99 @@
+"""End of input: complete results on a bounded input, without changing what a stream computes.
+
+A stateful query emits a lease piece, an unattributed event or a rule window once its watermark
+passes it, and a watermark only moves with newer data. On a bounded input (a capture, a day of
+files, the generator's hours) nothing newer comes, so the last pieces, events and windows would
+wait in state for the next run's data.
+
+Run-once therefore marks the end of its input: the `end_of_input` stage appends to the
+`end_of_input` table a `flush_at` one millisecond after the newest event in silver, meaning
+"every event before this has arrived". Each stateful query reads that table as one more stream
+and unions the marks into its watermarked input (`with_marks`), so its watermark reaches
+`flush_at` and no further: everything before it is emitted and nothing newer becomes late.
+dhcp_leases also gets a mark per IP it has seen (`ip` set), because a query only visits the
+keys it has input for, and each open lease must be cut at `flush_at`.
+
+`seclake stream` never marks: there the watermarks move with the data. An event older than a
+mark that arrives after it is late (dropped by the query, counted in `late_events`, kept in
+silver).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, DataType, DateType, NumericType, StringType, TimestampType
+
+from pipelines.lake.registry import Lake
+from pipelines.lake.source import read_stream
+
+END_OF_INPUT = "end_of_input"
+# Set on the mark rows `with_marks` adds to a stream (NULL on the stream's own rows).
+MARK_COLUMN = "_end_of_input"
+
+
+def read_marks(spark: SparkSession, lake: Lake) -> DataFrame:
+    """The stream of end-of-input marks (flush_at, ip, written_at); the table is created if missing."""
+    lake.ensure(spark, END_OF_INPUT)
+    return read_stream(spark, lake.path(END_OF_INPUT))
+
+
+def with_marks(frame: DataFrame, marks: DataFrame, time_column: str, delay: str) -> DataFrame:
+    """`frame.withWatermark(time_column, delay)`, also moved to each mark's `flush_at` by the marks.
+
+    A mark row enters with its time at `flush_at + delay`, so the watermark (newest time - delay)
+    reaches `flush_at` exactly, and leaves right after the watermark operator.
+
+    The marks must reach that operator, and Spark's optimizer works against it: it pushes below
+    the operator every filter that does not name the event-time column (including the `IS NOT
+    NULL` it infers from a join), and in a micro-batch that holds only marks it evaluates filters
+    on their columns at planning time and prunes the whole branch, watermark included. So no
+    column of a mark is a literal: each is the mark's `written_at` cast to the column's type
+    (values no row joins on or filters for; NULL where no cast exists), and the filter that drops
+    the marks names the time column.
+    """
+    written = F.coalesce("_mark_written_at", "_mark_flush_at")
+    columns = [(F.col("_mark_flush_at") + F.expr(f"INTERVAL {delay}")).alias(time_column),
+               written.alias(MARK_COLUMN)]
+    columns += [written.cast(field.dataType).alias(field.name) for field in frame.schema.fields
+                if field.name != time_column and _castable(field.dataType)]
+    shifted = (marks.select(F.col("flush_at").alias("_mark_flush_at"), F.col("ip").alias("_mark_ip"),
+                            F.col("written_at").alias("_mark_written_at"))
+               .where(F.col("_mark_ip").isNull()).select(*columns))
+    watermarked = frame.unionByName(shifted, allowMissingColumns=True).withWatermark(time_column, delay)
+    keep = F.when(F.col(time_column).isNotNull(), F.col(MARK_COLUMN).isNull())
+    return watermarked.where(keep).drop(MARK_COLUMN)
+
+
+def _castable(kind: DataType) -> bool:
+    return isinstance(kind, (StringType, TimestampType, DateType, NumericType, BooleanType))
+
+
+def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:
+    """The newest `event_time` in `tables` (those that exist), or None when they hold no row."""
+    found = [lake.read(spark, t).agg(F.max("event_time")).first()[0] for t in tables if lake.exists(t)]
+    found = [t for t in found if t is not None]
+    return max(found) if found else None
+
+
+def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: list[str]) -> int:
+    """Append a mark at `newest` + 1 ms (global, and one per IP in `ips`) unless an earlier run already
+    marked that far; return the rows written (0: nothing new since the last mark).
+
+    `newest` is a datetime as Spark returns it (naive, local time).
+    """
+    if newest is None:
+        return 0
+    flush_at = newest + timedelta(milliseconds=1)
+    lake.ensure(spark, END_OF_INPUT)
+    table = lake.read(spark, END_OF_INPUT)
+    last = table.agg(F.max("flush_at")).first()[0]
+    if last is not None and last >= flush_at:
+        return 0
+    rows = [(flush_at, None)] + [(flush_at, ip) for ip in sorted(set(ips))]
+    frame = (spark.createDataFrame(rows, "flush_at timestamp, ip string")
+             .withColumn("written_at", F.current_timestamp()).select(*table.columns))
+    # The mark's own time is its transaction version: a repeated mark commits once.
+    result = lake.sink(END_OF_INPUT).write_batch(frame, int(flush_at.timestamp() * 1000))
+    return 0 if result.skipped else result.rows
