@@ -4,8 +4,9 @@ the same input, state size after one simulated day, and how many scenario events
     .venv/bin/python bench/attribution.py --hours 24 --hosts 50
 
 Generates the day with sample_data.generator into a temporary home, runs the ETL (landing ->
-silver), then `dhcp_leases` and the three enriched queries (AvailableNow), and a stateless copy
-of silver_conn through the same Delta source and sink as a baseline for the join.
+silver), then the attribution stages as run-once does (end-of-input mark, `dhcp_leases`, the
+three enriched queries; AvailableNow), and a stateless copy of silver_conn through the same
+Delta source and sink as a baseline for the join.
 """
 from __future__ import annotations
 
@@ -70,28 +71,6 @@ def throughput(rep: query.QueryReport) -> int:
     return silver if rep.name == "etl" else rep.rows_in
 
 
-def flush(spark, lake: Lake, settings: Settings) -> None:
-    """Append two DHCP ACKs and two events per silver table after the data, and rerun the
-    attribution queries: every watermark passes the generated day, so all of it is emitted."""
-    last = lake.read(spark, "silver_dhcp").agg(F.max("event_time")).first()[0]
-    # The second row must be later than the first by max_lease_age + the watermarks, so the
-    # sentinel lease is cut once past the day; 49 hours covers settings up to 24 hours each.
-    for table in ("silver_dhcp", *attribution.ENRICHED_INPUTS.values()):
-        day_later = [F.lit(last).cast("timestamp") + F.expr(f"INTERVAL {h} HOURS") for h in (1, 50)]
-        row = lake.read(spark, table).limit(1)
-        rows = row.withColumn("event_time", day_later[0]).unionByName(row.withColumn("event_time", day_later[1]))
-        rows = (rows.withColumn("event_id", F.concat(F.lit("flush-"), F.col("event_time").cast("string")))
-                .withColumn("event_date", F.to_date("event_time")))
-        if table == "silver_dhcp":
-            rows = (rows.withColumn("msg_types", F.array(F.lit("ACK")))
-                    .withColumn("assigned_addr", F.lit("10.255.255.1"))
-                    .withColumn("mac", F.lit("02:ff:ff:ff:ff:ff")).withColumn("lease_time", F.lit(86400.0)))
-        sink = DeltaSink(lake.path(table), app_id="bench_flush", partition_by=["event_date"])
-        sink.write_batch(rows, 0)
-    for stage in attribution.stages():
-        run(spark, lake, settings, stage.name, stage.start)
-
-
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -101,7 +80,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=24)
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--max-lease-age", default=Settings().max_lease_age)
+    parser.add_argument("--lease-piece", default=Settings().lease_piece)
     parser.add_argument("--home", help="keep the run here instead of a temporary folder")
     parser.add_argument("--quick", action="store_true", help="2 simulated hours of 20 hosts")
     args = parser.parse_args()
@@ -115,12 +94,12 @@ def main() -> None:
 
     spark = get_spark(ui=False)
     lake = Lake(home.create())
-    settings = Settings().with_overrides({"max_lease_age": args.max_lease_age})
+    settings = Settings().with_overrides({"lease_piece": args.lease_piece})
     reports = [run(spark, lake, settings, "etl", etl.start)]
     reports.append(run(spark, lake, settings, "bench_conn_copy", stateless_copy))
     reports += [run(spark, lake, settings, s.name, s.start) for s in attribution.stages()]
 
-    print(f"\nmax_lease_age={settings.max_lease_age}, event/lease watermark "
+    print(f"\nlease_piece={settings.lease_piece}, event/lease watermark "
           f"{settings.event_watermark}/{settings.lease_watermark}")
     print("(etl: rows in = files, rows/s = silver rows written per second)")
     print(f"{'query':<22}{'rows in':>10}{'rows out':>10}{'s':>8}{'rows/s':>9}{'state rows':>12}{'state KiB':>11}"
@@ -141,14 +120,12 @@ def main() -> None:
 
     held = sum(lake.read(spark, t).count() for t in attribution.ENRICHED_INPUTS.values()) - \
         sum(lake.read(spark, t).count() for t in ENRICHED_SCHEMAS)
-    print(f"\nafter the day: {held} events still in join state (their watermark has not passed yet)")
-    flush(spark, lake, settings)
-    print("after a commit a day later moved every watermark past the day (flush):")
+    print(f"\nafter the run (end of input marked): {held} silver events not in an enriched table")
 
     truth = [json.loads(line) for line in (home.root / "ground_truth.jsonl").read_text().splitlines() if line.strip()]
     enriched = None
     for table in ENRICHED_SCHEMAS:
-        frame = lake.read(spark, table).where("event_id NOT LIKE 'flush-%'").select("uid", "mac")
+        frame = lake.read(spark, table).select("uid", "mac")
         enriched = frame if enriched is None else enriched.unionByName(frame)
     for scenario in ("roaming_laptop", "ids_alert_reused_ip"):
         cases = [t for t in truth if t["scenario"] == scenario and t.get("mac")]

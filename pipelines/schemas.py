@@ -176,7 +176,7 @@ ALERTS_SCHEMA = StructType(_fields(
 # ---- attribution (issue 5): dhcp_leases, enriched_<kind>, late_events; rules in docs/attribution.md
 
 # One row per lease segment: [valid_from, valid_to) during which `mac` held `ip`. Segments of one
-# IP never overlap and none is longer than Settings.max_lease_age, so the enriched joins can bound state.
+# IP never overlap and none is longer than Settings.lease_piece, so the enriched joins can bound state.
 LEASE_SCHEMA = StructType(_fields(
     ("ip", StringType()),
     ("mac", StringType()),

@@ -23,10 +23,10 @@ NOT_RETRIABLE = frozenset({"SchemaMismatchError", "RuleError", "AnalysisExceptio
 def stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     """Every stage, each after the stages whose tables it reads: the ETL, attribution, one per rule file.
 
-    >>> [s.name for s in stages()][:3]
-    ['etl', 'dhcp_leases', 'enriched_conn']
-    >>> stages()[2].reads
-    ('silver_conn', 'dhcp_leases')
+    >>> [s.name for s in stages()][:4]
+    ['etl', 'end_of_input', 'dhcp_leases', 'enriched_conn']
+    >>> stages()[3].reads
+    ('silver_conn', 'dhcp_leases', 'end_of_input')
     """
     from pipelines import attribution, etl
     from pipelines.rules.engine import rule_stages
@@ -75,7 +75,7 @@ def shared_tables(all_stages: list[Stage]) -> dict[str, list[Stage]]:
 def own_tables(stage: Stage, all_stages: list[Stage]) -> tuple[str, ...]:
     """The tables only `stage` writes.
 
-    >>> found = stages(); own_tables(found[1], found)
+    >>> found = stages(); own_tables(found[2], found)
     ('dhcp_leases',)
     """
     shared = shared_tables(all_stages)

@@ -94,17 +94,17 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
 
 def test_stages_declare_what_they_read_and_write_and_shared_tables_are_found():
     found = stages.stages()
-    assert [s.name for s in found][:5] == ["etl", "dhcp_leases", "enriched_conn", "enriched_dns",
+    assert [s.name for s in found][:6] == ["etl", "end_of_input", "dhcp_leases", "enriched_conn", "enriched_dns",
                                            "enriched_ids_alerts"]
-    assert all(s.name.startswith("rule_") for s in found[5:]) and found[5:]
+    assert all(s.name.startswith("rule_") for s in found[6:]) and found[6:]
     written = set()
     for stage in found:  # dependency order: every table a stage reads was written before it
         assert set(stage.reads) <= written, stage.name
         written |= set(stage.writes)
     table_writers = stages.table_stages(found)
-    assert [s.name for s in table_writers] == [s.name for s in found[:5]]
+    assert [s.name for s in table_writers] == [s.name for s in found[:6]]
     assert sorted(stages.shared_tables(table_writers)) == ["late_events"]
-    assert stages.own_tables(found[1], table_writers) == ("dhcp_leases",)
+    assert stages.own_tables(found[2], table_writers) == ("dhcp_leases",)
 
 
 # --- rule files -> assets -------------------------------------------------------------------

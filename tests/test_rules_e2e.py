@@ -59,18 +59,22 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
             if slug == rule.slug:
                 got, total = result.scores.recall[scenario]
                 assert total >= 1 and got == total, f"{rule.slug} missed {scenario}: {result.lines()}"
-        # Stream == backtest for every window the stream's watermark has closed.
+        # Stream == backtest for every window the stream's watermark has closed; a rule that
+        # alerts when crossed may also have alerted on the window still open.
         assert reports[rule.query_name].watermark, f"{rule.slug} never set a watermark"
         watermark = datetime.fromisoformat(reports[rule.query_name].watermark.replace("Z", "+00:00"))
         closed = {a["alert_id"] for a in result.alerts if a["window_end"] <= watermark}
-        assert closed == {a.alert_id for a in streamed if a.rule_id == rule.id}, rule.slug
+        live = {a.alert_id for a in streamed if a.rule_id == rule.id}
+        assert closed <= live <= {a["alert_id"] for a in result.alerts}, rule.slug
+        if rule.emit == "closed":
+            assert live == closed, rule.slug
 
     overall = score(everything, incidents)
     assert overall.precision >= 0.95, f"{overall.true_alerts}/{overall.alerts} alerts belong to an incident"
-    live = score([{**a.asDict(), "window_start": a.window_start.replace(tzinfo=timezone.utc),
+    scored = score([{**a.asDict(), "window_start": a.window_start.replace(tzinfo=timezone.utc),
                    "window_end": a.window_end.replace(tzinfo=timezone.utc)} for a in streamed], incidents)
-    assert all(live.recall[scenario][0] == live.recall[scenario][1] for scenario in SCENARIO_RULES), live.recall
-    assert live.precision >= 0.95, f"{live.true_alerts}/{live.alerts} streamed alerts belong to an incident"
+    assert all(scored.recall[s][0] == scored.recall[s][1] for s in SCENARIO_RULES), scored.recall
+    assert scored.precision >= 0.95, f"{scored.true_alerts}/{scored.alerts} streamed alerts belong to an incident"
 
     # A second run-once with nothing new marks nothing new, starts no query downstream of the ETL,
     # and changes nothing.

@@ -2,6 +2,7 @@
 no duplicates across re-runs and checkpoint resets, failure isolation, hot deploy."""
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -87,15 +88,19 @@ def lake(tmp_path) -> Lake:
 
 
 def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark, lake):
-    rules = [validate_rule(DGA), validate_rule(TUNNEL)]
-    settings = Settings().with_overrides({"rule_watermark": "2 hours"})  # the rules declare none
+    # The DGA rule as it would be without `emit: crossed`: its windows come out as the watermark
+    # (2 hours; the rules declare none) closes them. The tunnel rule alerts when crossed.
+    closing = re.sub(r"(?m)^emit: .*\n", "", DGA.read_text())
+    rules = [validate_rule(closing, slug="dga_nxdomain_burst"), validate_rule(TUNNEL)]
+    assert (rules[0].emit, rules[1].emit) == ("closed", "crossed")
+    settings = Settings().with_overrides({"rule_watermark": "2 hours"})
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
     append(spark, lake, "enriched_dns", 1, [tunnel("2026-11-20 10:00:00")], HOST_B)
     append(spark, lake, "enriched_dns", 2,
            [dga_burst("2026-11-20 11:10:00", "b"), dga_burst("2026-11-20 12:40:00", "c")], HOST_A)
     first = run_all(spark, lake, rules, settings)
     assert all(r.error is None for r in first), [r.line() for r in first]
-    # Last event 12:40:29, watermark 2 h: the windows closed so far are 09:10 (DGA) and 10:00 (tunnel).
+    # Last event 12:40:29, watermark 2 h: the DGA window closed so far is 09:10; the tunnel crossed at 10:00.
     assert sum(r.rows_out.get(ALERTS_TABLE, 0) for r in first) == 2
 
     # Later data moves the watermark (2 h) past 12:45: the 12:40 burst's window closes now.

@@ -191,7 +191,10 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
         writer = AlertWriter(lake, rule, app_id)
-        query = start_query(rows, rule.query_name, writer, checkpoint, trigger)
+        # "crossed": each batch hands over the windows it changed; alert ids already written are
+        # dropped by the writer, so a window's alert is written once, when first crossed.
+        mode = "update" if rule.emit == "crossed" else "append"
+        query = start_query(rows, rule.query_name, writer, checkpoint, trigger, output_mode=mode)
         return RunningQuery(rule.query_name, RuleQuery(query, writer), writer, (ALERTS_TABLE,))
     except Exception as exc:  # isolation: one broken rule must not stop the others
         # Missing input tables are normal until the upstream stages first commit; sync() retries

@@ -17,6 +17,7 @@ references:
 tables: [enriched_conn]
 event_time: event_time
 window: 10 minutes
+emit: crossed                 # counts only grow: alert as soon as the window qualifies
 */
 WITH internal_tcp AS (
     SELECT

@@ -18,6 +18,7 @@ references:
 tables: [silver_dhcp]
 event_time: event_time
 window: 5 minutes
+emit: crossed                 # counts only grow: alert as soon as the window qualifies
 */
 WITH client_requests AS (
     SELECT

@@ -17,6 +17,7 @@ references:
 tables: [enriched_dns]
 event_time: event_time
 window: 5 minutes
+emit: crossed                 # counts only grow: alert as soon as the window qualifies
 */
 WITH failed_lookups AS (
     SELECT

@@ -19,6 +19,7 @@ references:
 tables: [enriched_dns]
 event_time: event_time
 window: 10 minutes
+emit: crossed                 # counts only grow: alert as soon as the window qualifies
 */
 WITH long_queries AS (
     SELECT

@@ -18,6 +18,7 @@ references:
 tables: [enriched_ids_alerts]
 event_time: event_time
 window: 10 minutes
+emit: crossed                 # counts only grow: alert as soon as the window qualifies
 keys: [src_ip, mac, signature_id]
 */
 WITH high_alerts AS (
