@@ -72,9 +72,9 @@ def _castable(kind: DataType) -> bool:
 
 def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:
     """The newest `event_time` in `tables` (those that exist), or None when they hold no row."""
-    found = [lake.read(spark, t).agg(F.max("event_time")).first()[0] for t in tables if lake.exists(t)]
-    found = [t for t in found if t is not None]
-    return max(found) if found else None
+    # An aggregate without grouping returns exactly one row.
+    found = [lake.read(spark, t).agg(F.max("event_time")).collect()[0][0] for t in tables if lake.exists(t)]
+    return max((t for t in found if t is not None), default=None)
 
 
 def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: list[str]) -> int:
@@ -88,7 +88,7 @@ def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: list[str
     flush_at = newest + timedelta(milliseconds=1)
     lake.ensure(spark, END_OF_INPUT)
     table = lake.read(spark, END_OF_INPUT)
-    last = table.agg(F.max("flush_at")).first()[0]
+    last = table.agg(F.max("flush_at")).collect()[0][0]
     if last is not None and last >= flush_at:
         return 0
     rows = [(flush_at, None)] + [(flush_at, ip) for ip in sorted(set(ips))]
