@@ -28,10 +28,10 @@ p50/p95/max:
   latest event counted is the one that crossed); for a rule that emits only when its window
   closes, the real crossing event landed earlier, so the figure is a lower bound.
 
-If no alert of a class is committed during the run (today a rule emits a window only once
-its event-time watermark, 2 hours, has passed the window's end, and attribution holds an
-event until its DHCP lease segment ends, while a short live feed covers about one hour of
-event time), its key is `nan` and the line before RESULT says why. The generator's live feed
+If no alert of a class is committed during the run (a rule with `emit: closed` writes a window
+only once its watermark has passed the window's end; one with `emit: crossed` once an attributed
+event qualifies, and attribution waits for the lease piece holding the event), its key is `nan`
+and the line before RESULT says why. The generator's live feed
 runs faster than real time (`--rate` events/s over whole hourly files); a latency that
 includes an event-time watermark wait is shortened by that factor, one that does not is not.
 
@@ -131,11 +131,14 @@ THRESHOLD = re.compile(r"\bHAVING\b|>=?\s*\d", re.IGNORECASE)
 
 
 def rule_classes() -> dict[str, dict]:
-    """rule_id -> {slug, class ("per-event" or "threshold"), tables, watermark} of the rules the stream runs."""
+    """rule_id -> {slug, class ("per-event" or "threshold"), tables, watermark, emit} of the rules the stream runs."""
     from pipelines.rules.pack import load_rules
+    from pipelines.settings import Settings
 
+    default = Settings().rule_watermark
     return {r.id: {"slug": r.slug, "class": "threshold" if THRESHOLD.search(r.sql) else "per-event",
-                   "tables": list(r.tables), "watermark": r.watermark} for r in load_rules()}
+                   "tables": list(r.tables), "watermark": r.watermark or default, "emit": r.emit}
+            for r in load_rules()}
 
 
 def silver_of(table: str) -> str | None:
@@ -331,11 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nraw results in {path}; stream log {work / 'stream.log'}; total {time.monotonic() - t0:.0f} s", flush=True)
     missing = [c for c in ("per-event", "threshold") if not latency[c]]
     if missing:
-        watermarks = sorted({r["watermark"] for r in rules.values() if r["class"] in missing})
+        closing = sorted({f"{r['slug']} ({r['watermark']})" for r in rules.values()
+                          if r["class"] in missing and r["emit"] == "closed"})
         print(f"nan for {' and '.join(missing)}: no such alert was committed within the {feed_wall:.0f} s feed "
-              f"(+{args.drain:g} s drain): the rules emit a window only once their event-time watermark "
-              f"({', '.join(watermarks)}) has passed the window's end and the feed covered {len(hours)} event "
-              f"hour(s); attribution had committed {enriched} rows to the enriched tables")
+              f"(+{args.drain:g} s drain), which covered {len(hours)} event hour(s). Rules with emit: crossed "
+              f"alert once an attributed event qualifies; these emit a window only once their watermark has "
+              f"passed its end: {', '.join(closing) or 'none'}. Enriched rows committed: {enriched}")
     print(f"RESULT per_event_p95_s={common.percentile(latency['per-event'], 95):.2f} "
           f"threshold_p95_s={common.percentile(latency['threshold'], 95):.2f} "
           f"silver_p95_s={common.percentile(silver_all, 95):.2f} floor_p95_s={common.percentile(floor, 95):.2f}")
