@@ -21,10 +21,10 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
-from pipelines.rules.alerts import alert_frame, alert_id
+from pipelines.rules.alerts import alert_frame, alert_id, unseen
 from pipelines.rules.engine import rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
-from pipelines.rules.tables import table_path
+from pipelines.rules.tables import ALERTS_TABLE, table_path
 
 GROUND_TRUTH = "ground_truth.jsonl"
 
@@ -195,7 +195,38 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
     return result
 
 
+def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None = None,
+                  end: datetime | None = None) -> tuple[int, int]:
+    """Add to `alerts` what a backtest of `rule` over events in [start, end) finds and the table
+    lacks; return (alerts found, alerts added).
+
+    This is how late events get their alerts: the stream dropped them (they are counted in
+    late_events and kept in silver), a re-run of their hours finds them. Alert ids make it
+    idempotent: running it again, or the stream meeting the same window later, adds nothing. A
+    range that cuts a window in two sees only part of its events: give whole windows (`--from`
+    and `--to` on window boundaries, or whole days).
+    """
+    if start and end and start >= end:
+        raise ValueError(f"--from {start} must be before --to {end}")
+    found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
+    try:
+        lake.ensure(spark, ALERTS_TABLE)
+        fresh = unseen(found, lake.path(ALERTS_TABLE), rule)
+        # Its own writer id; the version only has to grow between runs.
+        sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
+        result = sink.write_batch(fresh, int(datetime.now(timezone.utc).timestamp() * 1000))
+        return found.count(), result.rows
+    finally:
+        found.unpersist()
+
+
 def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None, end: datetime | None) -> list[dict]:
+    return collect_alerts(run_batch(spark, rule, _loader(lake, rule, start, end)))
+
+
+def _loader(lake: Lake, rule: Rule, start: datetime | None,
+            end: datetime | None) -> Callable[[SparkSession, str], DataFrame]:
+    """Each table of `rule` read from the lake, events in [start, end) only."""
     missing = [t for t in rule.tables if not lake.exists(t)]
     if missing:
         raise ValueError(f"no table(s) {missing} under {lake.home.tables}: run the pipeline first")
@@ -212,7 +243,7 @@ def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
                 frame = frame.where(F.col("event_date") <= F.lit(end.date()))
         return frame
 
-    return collect_alerts(run_batch(spark, rule, load))
+    return load
 
 
 def collect_alerts(alerts: DataFrame) -> list[dict]:

@@ -55,6 +55,9 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
                                "(the rule's file at that commit, e.g. HEAD~1 or main)")
     backtest.add_argument("--ground-truth", type=Path, default=None,
                           help="ground-truth file (default: <home>/ground_truth.jsonl when present)")
+    backtest.add_argument("--write", action="store_true",
+                          help="also add to the alerts table the alerts it finds that the table lacks (late events); "
+                               "give whole windows or days with --from/--to")
     home_arg(backtest)
     rules_dir_arg(backtest)
     backtest.set_defaults(func=cmd_backtest)
@@ -135,7 +138,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 def cmd_backtest(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision
+    from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision, write_missing
     from pipelines.spark import get_spark
 
     rules_dir = _rules_dir(args)
@@ -154,9 +157,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.ground_truth and not truth.is_file():
         raise FileNotFoundError(f"no ground-truth file {truth}")
     spark = get_spark(app_name="seclake-rules-backtest", ui=False)
-    result = backtest(spark, Lake(home), rule,
-                      start=parse_when(args.start) if args.start else None,
-                      end=parse_when(args.end, end_of_day=True) if args.end else None,
+    start = parse_when(args.start) if args.start else None
+    end = parse_when(args.end, end_of_day=True) if args.end else None
+    result = backtest(spark, Lake(home), rule, start=start, end=end,
                       ground_truth=truth if truth.is_file() else None, against=against)
     print("\n".join(result.lines()))
+    if args.write:
+        found, added = write_missing(spark, Lake(home), rule, start, end)
+        print(f"alerts: {added} added, {found - added} of the {found} found were already in the table")
     return 0
