@@ -544,8 +544,8 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     # Leases are read by whole commits (no read limit): see `attribute` for why that matters.
     leases = read_stream(spark, lake.path(LEASES))
     devices = load_devices(spark, lake.home.reference / INVENTORY_FILE)
-    # One marks stream per side: a stream used twice in one plan shares its column ids, and Spark
-    # then moved the marks' `ip IS NULL` onto the lease rows (all dropped).
+    # Each side reads the marks as a source of its own, so neither side's plan shares column ids
+    # with the other's (the optimizer infers filters across the join from them).
     frame = attribute(events, leases, (read_marks(spark, lake), read_marks(spark, lake)), devices, table, settings)
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
