@@ -563,7 +563,7 @@ def start_end_of_input(spark: SparkSession, lake: Lake, settings: Settings, trig
     writer = DoneWriter()
     if trigger == AVAILABLE_NOW:
         newest = newest_event(spark, lake, list(SILVER_SCHEMAS))
-        written = mark(spark, lake, newest, leased_ips(spark, lake)) if newest is not None else 0
+        written = mark(spark, lake, newest, partial(leased_ips, spark, lake))
         stats = BatchStats(0)
         if written:
             stats.rows[END_OF_INPUT] = written

@@ -19,6 +19,7 @@ silver).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
@@ -77,9 +78,11 @@ def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime
     return max((t for t in found if t is not None), default=None)
 
 
-def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: list[str]) -> int:
-    """Append a mark at `newest` + 1 ms (global, and one per IP in `ips`) unless an earlier run already
-    marked that far; return the rows written (0: nothing new since the last mark).
+def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable[[], list[str]]) -> int:
+    """Append a mark at `newest` + 1 ms (global, and one per IP `ips()` returns) unless an earlier run
+    already marked that far; return the rows written (0: nothing new since the last mark).
+
+    `ips` is only called when a mark is written: a run-once that found nothing new reads no DHCP.
 
     `newest` is a datetime as Spark returns it (naive, local time).
     """
@@ -91,7 +94,7 @@ def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: list[str
     last = table.agg(F.max("flush_at")).collect()[0][0]
     if last is not None and last >= flush_at:
         return 0
-    rows = [(flush_at, None)] + [(flush_at, ip) for ip in sorted(set(ips))]
+    rows = [(flush_at, None)] + [(flush_at, ip) for ip in sorted(set(ips()))]
     frame = (spark.createDataFrame(rows, "flush_at timestamp, ip string")
              .withColumn("written_at", F.current_timestamp()).select(*table.columns))
     # The mark's own time is its transaction version: a repeated mark commits once.
