@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.rules.pack import scan_rules
-from pipelines.rules.spec import RuleError
+from pipelines.rules.spec import RuleError, validate_rule
 from pipelines.rules.testing import lint_rule, load_cases, run_case
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
@@ -38,3 +38,18 @@ def test_rule_lint(rule):
 def test_rule_case(spark, rule, case):
     result = run_case(spark, rule, case)
     assert result.passed, result.message
+
+
+@pytest.mark.parametrize("mitre", ["mitre: []", ""], ids=["empty", "absent"])
+def test_pack_rejects_a_rule_without_a_technique_id(tmp_path, mitre):
+    """The pack lint (test_every_rule_file_validates) fails for a rule that names no ATT&CK technique."""
+    text = (RULES_DIR / "dns" / "dns_tunneling.sql").read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("mitre:"))
+    folder = tmp_path / "dns"
+    folder.mkdir()
+    (folder / "no_technique.sql").write_text(text.replace(line, mitre), encoding="utf-8")
+    errors = scan_rules(tmp_path).errors
+    assert [p.name for p in errors] == ["no_technique.sql"]
+    assert "mitre" in next(iter(errors.values()))
+    with pytest.raises(RuleError, match="mitre"):
+        validate_rule(folder / "no_technique.sql")

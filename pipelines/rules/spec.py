@@ -267,6 +267,9 @@ def _check_metadata(meta: dict) -> dict:
     for name in ("mitre", "false_positives", "tables"):
         if not isinstance(meta[name], list) or not all(isinstance(v, str) and v.strip() for v in meta[name]):
             raise RuleError(f"{name} must be a list of non-empty strings, got {meta[name]!r}")
+    if not meta["mitre"]:
+        raise RuleError("mitre is empty: name at least one ATT&CK technique id (T1234 or T1234.001) "
+                        "the rule detects (seclake rules coverage maps the pack from these)")
     bad_mitre = [m for m in meta["mitre"] if not MITRE_ID.fullmatch(m)]
     if bad_mitre:
         raise RuleError(f"mitre id(s) {bad_mitre} do not look like ATT&CK technique ids (T1234 or T1234.001)")
