@@ -104,17 +104,19 @@ class RunningQuery:
 
 class StoppedQuery:
     """Stands in for the StreamingQuery of a stage that has none: a rule that could not start
-    (`error` set), or run-once's end-of-input mark, written directly. Inactive, so reports and
-    `jobs.stream` treat it like a query that ended (with `error`, failed)."""
+    (`error` set) or was held back (`note` says why: disabled, backing off), or run-once's
+    end-of-input mark, written directly. Inactive, so reports and `jobs.stream` treat it like a
+    query that ended (with `error`, failed)."""
 
-    def __init__(self, name: str, error: BaseException | None = None) -> None:
+    def __init__(self, name: str, error: BaseException | None = None, note: str | None = None) -> None:
         self.name = name
         self.error = error
+        self.note = note
         self.id = None
         self.isActive = False
         self.recentProgress: list = []
         self.lastProgress = None
-        state = f"not started: {error}" if error is not None else "done"
+        state = f"not started: {error}" if error is not None else note or "done"
         self.status = {"message": state, "isDataAvailable": False, "isTriggerActive": False}
 
     def exception(self) -> BaseException | None:
@@ -204,6 +206,8 @@ class QueryReport:
     late_rows: int = 0
     error: str | None = None
     skipped: bool = False
+    # Why the stage did not run though it had input (a disabled rule, one backing off).
+    note: str | None = None
 
     def line(self) -> str:
         """One line for the terminal.
@@ -215,6 +219,8 @@ class QueryReport:
         """
         if self.skipped:
             return f"{self.name}: nothing new in its input tables since its last batch (not started)"
+        if self.note and not self.error:
+            return f"{self.name}: {self.note}"
         out = ", ".join(f"{t}={n}" for t, n in self.rows_out.items() if n) or "nothing new"
         extra = f", watermark {self.watermark}" if self.watermark else ""
         if self.state_rows:
@@ -247,6 +253,7 @@ def report(running: RunningQuery, started: float) -> QueryReport:
     exc = running.query.exception()
     if exc is not None:
         rep.error = error_summary(exc)
+    rep.note = getattr(running.query, "note", None)
     return rep
 
 
