@@ -23,6 +23,7 @@ from sqlglot.errors import SqlglotError
 
 from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, readable_tables
+from pipelines.sandbox import SandboxError, check_escapes, function_names
 
 # Every rule returns these columns (more are allowed: they are stored as JSON in `details`).
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -48,14 +49,8 @@ OPTIONAL_METADATA: tuple[str, ...] = ("keys", "references")
 EMIT_MODES: tuple[str, ...] = ("closed", "crossed")
 DEFAULT_KEYS: tuple[str, ...] = ("src_ip", "mac")
 
-# Functions a rule may not call, with the reason given to its author.
-_ESCAPES = "calls Java methods by reflection, outside SQL's sandbox"
-FORBIDDEN_FUNCTIONS: dict[str, str] = {
-    "reflect": _ESCAPES,
-    "java_method": _ESCAPES,
-    "try_reflect": _ESCAPES,
-    "read_files": "reads arbitrary files",
-    "identifier": "builds table or column names at run time, which the validator cannot check",
+# Functions a rule may not call besides the sandbox's escapes (pipelines/sandbox.py), with the reason.
+RULE_FORBIDDEN_FUNCTIONS: dict[str, str] = {
     "raise_error": "fails the query on purpose",
     "assert_true": "fails the query on purpose",
 }
@@ -66,11 +61,6 @@ NONDETERMINISTIC_FUNCTIONS: frozenset[str] = frozenset({
     "localtimestamp", "monotonically_increasing_id", "spark_partition_id", "input_file_name",
     "input_file_block_start", "input_file_block_length", "randstr", "uniform",
 })
-# `<format>.\`<path>\`` reads a file when spark.sql.runSQLOnFiles is on (it is off here anyway).
-FILE_FORMATS: frozenset[str] = frozenset({
-    "parquet", "json", "csv", "orc", "text", "avro", "delta", "binaryfile", "xml", "jdbc", "hive", "file",
-})
-
 
 class RuleError(ValueError):
     """A rule that is not valid; the message names the rule and the reason."""
@@ -317,27 +307,21 @@ def parse_single_select(sql: str) -> exp.Expression:
     return tree
 
 
-def function_names(node: exp.Func) -> set[str]:
-    """Every lower-case name Spark could know the function node by (`builtin.reflect` -> reflect)."""
-    if isinstance(node, exp.Anonymous):
-        return {str(node.name).lower()}
-    return {n.lower() for n in type(node).sql_names()} | {node.key.lower()}
-
-
 def check_query(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -> list[str]:
     """Walk the query: no forbidden construct, nothing over the resource limits; return the tables it
     reads (sorted, unique). `line_offset` is added to sqlglot's line numbers in messages (the lines
     of the metadata block above the SQL)."""
+    try:
+        check_escapes(tree)
+    except SandboxError as exc:
+        raise RuleError(str(exc)) from None
     for node in tree.walk():
-        if isinstance(node, exp.QueryTransform):
-            raise RuleError("TRANSFORM ... USING runs an external command: not allowed in a rule")
-        if isinstance(node, (exp.Create, exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Drop, exp.Alter,
-                             exp.Command, exp.Set, exp.Use, exp.Cache, exp.Uncache, exp.Refresh, exp.Describe)):
-            raise RuleError(f"{type(node).__name__.upper()} inside the query: a rule only reads")
+        if isinstance(node, exp.Describe):
+            raise RuleError("DESCRIBE inside the query: a rule only reads rows")
         if isinstance(node, exp.Func):
             names = function_names(node)
-            for name in sorted(names & set(FORBIDDEN_FUNCTIONS)):
-                raise RuleError(f"function {name}() is not allowed in a rule: it {FORBIDDEN_FUNCTIONS[name]}")
+            for name in sorted(names & RULE_FORBIDDEN_FUNCTIONS.keys()):
+                raise RuleError(f"function {name}() is not allowed in a rule: it {RULE_FORBIDDEN_FUNCTIONS[name]}")
             for name in sorted(names & NONDETERMINISTIC_FUNCTIONS):
                 raise RuleError(f"function {name}() is non-deterministic: a replay or backtest would produce "
                                 "different alerts (use the events' own time columns)")
@@ -371,14 +355,10 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
                         "read seclake tables by name")
     qualifier = ".".join(p for p in (table.catalog, table.db) if p)
     name = table.name
-    if qualifier:
-        if table.db.lower() in FILE_FORMATS or "/" in name or ":" in name:
-            raise RuleError(f"file-path read {qualifier}.`{name}` is not allowed; read seclake tables by name")
+    if qualifier:  # file paths were refused by check_escapes
         raise RuleError(f"qualified table name {qualifier}.{name} is not allowed; read seclake tables by bare name")
     if table.args.get("version"):
         raise RuleError(f"time travel on {name} is not available to a streaming rule")
-    if "/" in name or ":" in name:
-        raise RuleError(f"file-path read `{name}` is not allowed; read seclake tables by name")
     if name.lower() in ctes:
         return ""
     if name == ALERTS_TABLE:

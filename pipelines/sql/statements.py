@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from pipelines.sandbox import SandboxError, check_escapes, check_tokens
+
 AsOf = int | datetime
 
 # Comments, string literals and quoted names: nothing inside them is a table, an `@` or a `;`.
@@ -23,7 +25,6 @@ _POSITION_RE = re.compile(r"line (\d+),? pos (\d+)")
 # SHOW is left out too: outside a statement no view exists, so SHOW TABLES would list nothing.
 _READING_WORDS = {"SELECT", "WITH", "FROM", "VALUES", "EXPLAIN", "DESCRIBE", "DESC"}
 _EXPLAIN_RE = re.compile(r"\s*EXPLAIN(\s+(EXTENDED|CODEGEN|COST|FORMATTED))?\s+", re.I)
-_WRITING_TOKENS = {"INSERT", "CREATE", "DROP", "DELETE", "UPDATE", "MERGE", "ALTER", "CACHE", "TRUNCATE", "LOAD"}
 
 # sqlglot warns when it parses a statement as an opaque Command; inspect handles that case itself.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
@@ -73,14 +74,15 @@ class Found:
 
 
 def inspect(text: str) -> Found:
-    """Find the tables a statement reads, and refuse statements that could write or read outside the registry.
+    """Find the tables a statement reads; refuse statements that could write, call Java or read files
+    (`pipelines.sandbox`: the same policy as the rule validator's).
 
     >>> found = inspect("WITH x AS (SELECT * FROM Silver_DNS) SELECT * FROM x JOIN range(3)")
     >>> sorted(found.tables), found.ctes, found.exact
     (['silver_dns', 'x'], {'x'}, True)
     >>> inspect("WITH x AS (SELECT 1) INSERT INTO silver_dns SELECT * FROM x")
     Traceback (most recent call last):
-    pipelines.sql.statements.SqlError: seclake sql only reads: this statement contains INSERT
+    pipelines.sql.statements.SqlError: refused by the sandbox: INSERT is not allowed: only reading statements are
     """
     import sqlglot
     from sqlglot import exp
@@ -100,10 +102,10 @@ def inspect(text: str) -> Found:
     except SqlglotError:
         tree = None
     if tree is not None and not isinstance(tree, exp.Command):
-        writes = tree.find(exp.Insert, exp.Create, exp.Drop, exp.Delete, exp.Update, exp.Merge, exp.Alter,
-                           exp.Cache, exp.LoadData, exp.TruncateTable)
-        if writes is not None:
-            raise SqlError(f"seclake sql only reads: this statement contains {writes.key.upper()}")
+        try:
+            check_escapes(tree)
+        except SandboxError as exc:
+            raise SqlError(f"refused by the sandbox: {exc}") from None
         tables = set()
         for table in tree.find_all(exp.Table):
             if not isinstance(table.this, exp.Identifier):
@@ -117,10 +119,12 @@ def inspect(text: str) -> Found:
     try:
         tokens = sqlglot.tokenize(text, read="spark")
     except SqlglotError:
+        # Not even tokens: Spark's parser fails on it too, with a better message.
         return Found(set(), set(), exact=False)
-    found = sorted({t.token_type.name for t in tokens} & _WRITING_TOKENS)
-    if found:
-        raise SqlError(f"seclake sql only reads: this statement contains {found[0]}")
+    try:
+        check_tokens(tokens)
+    except SandboxError as exc:
+        raise SqlError(f"refused by the sandbox: {exc}") from None
     names = {t.text.lower() for t in tokens if t.token_type.name in ("VAR", "IDENTIFIER")}
     return Found(names, set(), exact=False)
 
