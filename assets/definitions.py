@@ -7,7 +7,8 @@ next reload without editing this package:
 - one asset per `rules/**/*.sql` file plus the `alerts` table asset (`assets/rules.py`);
 - Great Expectations checks on silver and enriched tables (`assets/checks.py`);
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
-  (`assets/automation.py`); `maintenance_job`, `retention_job` and their schedules
+  (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
+  (`assets/table_state.py`); `maintenance_job`, `retention_job` and their schedules
   (`assets/operations.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
 """
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from dagster import Definitions, in_process_executor
 
-from assets import automation, checks, jobs, operations, rules, tables
+from assets import automation, checks, jobs, operations, rules, table_state, tables
 from assets.resources import resources_for_environment
 from pipelines.query import Stage
 from pipelines.stages import stages, table_stages
@@ -36,7 +37,7 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
         asset_checks=checks.quality_checks(pipeline_stages),
         jobs=[jobs.run_once_job_def(), jobs.stream_job, operations.maintenance_job, operations.retention_job],
         schedules=[automation.run_once_schedule_def(), operations.maintenance_schedule, operations.retention_schedule],
-        sensors=[automation.landing_sensor],
+        sensors=[automation.landing_sensor, table_state.table_state_sensor],
         resources=dict(resources) if resources is not None else resources_for_environment(env),
         executor=in_process_executor,
     )

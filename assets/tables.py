@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
+from pipelines.lake.log import commits, summary
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport, Stage
 from pipelines.stages import StageError, own_tables, run_stage, shared_tables
@@ -78,8 +79,35 @@ def table_spec(table: str, deps: list[AssetKey] | tuple = ()) -> AssetSpec:
     )
 
 
+def table_state(lake: Lake, table: str) -> dict:
+    """The table as its Delta log shows it now (delta-rs, no JVM), as materialisation metadata:
+    `table_version`, `dagster/row_count`, `dagster/last_updated_timestamp` (last commit),
+    `last_writer` (the commit's txn app id, else its operation). Empty if the table does not exist.
+
+    Every table materialisation carries it, from a Dagster run or from `table_state_sensor`, so the
+    catalog shows the same facts whoever wrote the table.
+
+    >>> table_state(LakeResource(home="/nonexistent").lake, "silver_dns")
+    {}
+    """
+    if not lake.exists(table):
+        return {}
+    found = summary(lake.path(table))
+    last = commits(lake.path(table), limit=1)[0]
+    state: dict = {
+        "table_version": found.version,
+        "dagster/last_updated_timestamp": MetadataValue.timestamp(found.last_commit),
+        "last_writer": last["app_id"] or last["operation"] or "-",
+    }
+    if found.rows is not None:  # None when a data file has no statistics: no count rather than a wrong one
+        state["dagster/row_count"] = found.rows
+    return state
+
+
 def run_metadata(report: QueryReport, table: str | None, lake: Lake, quarantine_table: str | None = None) -> dict:
-    """Materialisation metadata of one table written by a stage's run (or the stage as a whole)."""
+    """Materialisation metadata of one table written by a stage's run (or the stage as a whole):
+    the run's figures (`version` is the last version this run committed, `-` if none) and the
+    table's state after it (`table_state`)."""
     meta: dict = {
         "stage": report.name,
         "rows_in": report.rows_in,
@@ -96,6 +124,7 @@ def run_metadata(report: QueryReport, table: str | None, lake: Lake, quarantine_
         version = report.versions.get(table)
         meta["version"] = version if version is not None else "-"
         meta["path"] = MetadataValue.path(str(lake.path(table)))
+        meta.update(table_state(lake, table))
     if quarantine_table is not None:
         meta["quarantine_rows"] = report.rows_out.get(quarantine_table, 0)
     return meta
