@@ -84,6 +84,10 @@ class EtlWriter:
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
+            # What went in, in its own units: Spark's numInputRows counts whole files, and each file
+            # once per source branch that scans it. (A file of header lines only has no row here.)
+            [read] = parsed.agg(F.count_distinct("file").alias("files"), F.count(F.lit(1)).alias("lines")).collect()
+            stats.read = {"files": read["files"], "data lines": read["lines"]}
             quarantine = to_quarantine(parsed).withColumns(ingest)
             stats.record(self.sinks["quarantine"].write_batch(quarantine, batch_id))
             for source in self.sources:

@@ -40,7 +40,8 @@ def processing_time(interval: str) -> dict[str, object]:
 @dataclass
 class BatchStats:
     """What one micro-batch committed: rows and versions per table, tables whose commit was a replay
-    (`skipped`), and rows a rule found already in `alerts` (`already_known`).
+    (`skipped`), and rows a rule found already in `alerts` (`already_known`); `read` counts the
+    batch's input in its own units where they are not rows (the ETL: files and data lines).
 
     >>> stats = BatchStats(0)
     >>> stats.record(CommitResult("silver_dns", 0, 3, 120, False))
@@ -53,6 +54,7 @@ class BatchStats:
     versions: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     already_known: int = 0
+    read: dict[str, int] = field(default_factory=dict)
 
     def record(self, result: CommitResult) -> None:
         """Add one table's commit (or replay) to this batch."""
@@ -189,9 +191,18 @@ def stop_between_batches(query: QueryHandle, patience_s: float = 60.0) -> None:
     query.stop()
 
 
+# The columns of `QueryReport.cells`: one table row per stage in `seclake run-once`, `stream` and `demo`.
+REPORT_COLUMNS: tuple[str, ...] = ("stage", "batches", "read", "written", "time", "notes")
+
+
 @dataclass
 class QueryReport:
-    """Progress of one query over a run: what `seclake run-once` prints and Dagster records."""
+    """Progress of one query over a run: what `seclake run-once` prints and Dagster records.
+
+    `rows_in` is Spark's count of rows its sources delivered; `read`, when the writer counts its
+    input in other units (the ETL: files and data lines), is what the report shows instead, since
+    Spark counts a whole landing file as one row, once per source branch that scans it.
+    """
 
     name: str
     batches: int = 0
@@ -206,14 +217,18 @@ class QueryReport:
     late_rows: int = 0
     error: str | None = None
     skipped: bool = False
+    read: dict[str, int] = field(default_factory=dict)
     # Why the stage did not run though it had input (a disabled rule, one backing off).
     note: str | None = None
 
     def line(self) -> str:
-        """One line for the terminal.
+        """One line for the terminal (progress, logs).
 
-        >>> QueryReport("etl", batches=1, rows_in=5, rows_out={"silver_dns": 4}, duration_s=1.25).line()
-        'etl: 1 batches, 5 rows in -> silver_dns=4 in 1.2s'
+        >>> QueryReport("etl", batches=1, read={"files": 4, "data lines": 5936},
+        ...             rows_out={"silver_dns": 1797}, duration_s=1.25).line()
+        'etl: 1 batch, 4 files, 5,936 data lines in -> silver_dns=1,797 in 1.2s'
+        >>> QueryReport("enriched_dns", batches=2, rows_in=1942, duration_s=7).line()
+        'enriched_dns: 2 batches, 1,942 rows in -> nothing new in 7.0s'
         >>> QueryReport("enriched_dns", skipped=True).line()
         'enriched_dns: nothing new in its input tables since its last batch (not started)'
         """
@@ -221,15 +236,46 @@ class QueryReport:
             return f"{self.name}: nothing new in its input tables since its last batch (not started)"
         if self.note and not self.error:
             return f"{self.name}: {self.note}"
-        out = ", ".join(f"{t}={n}" for t, n in self.rows_out.items() if n) or "nothing new"
-        extra = f", watermark {self.watermark}" if self.watermark else ""
+        notes = self.notes()
+        return (f"{self.name}: {_plural(self.batches, 'batch', 'batches')}, {self.input()} in -> {self.output()} "
+                f"in {self.duration_s:.1f}s{', ' + notes if notes else ''}")
+
+    def input(self) -> str:
+        """What the query read: '4 files, 5,936 data lines' (the ETL) or '1,942 rows'."""
+        if self.read:
+            return ", ".join(f"{n:,} {unit}" for unit, n in self.read.items())
+        return f"{self.rows_in:,} rows"
+
+    def output(self) -> str:
+        """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing new'."""
+        return ", ".join(f"{t}={n:,}" for t, n in self.rows_out.items() if n) or "nothing new"
+
+    def notes(self) -> str:
+        """Watermark, state, late rows and failure, as far as there are any."""
+        notes = [f"watermark {self.watermark}"] if self.watermark else []
         if self.state_rows:
-            extra += f", state {self.state_rows} rows/{self.state_bytes // 1024} KiB"
+            notes.append(f"state {self.state_rows:,} rows/{self.state_bytes // 1024:,} KiB")
         if self.late_rows:
-            extra += f", {self.late_rows} late rows"
-        status = f" FAILED: {self.error}" if self.error else ""
-        return (f"{self.name}: {self.batches} batches, {self.rows_in} rows in -> {out} "
-                f"in {self.duration_s:.1f}s{extra}{status}")
+            notes.append(f"{self.late_rows:,} late rows")
+        if self.error:
+            notes.append(f"FAILED: {self.error}")
+        return ", ".join(notes)
+
+    def cells(self) -> tuple[object, ...]:
+        """One row under REPORT_COLUMNS.
+
+        >>> QueryReport("enriched_dns", skipped=True).cells()
+        ('enriched_dns', 0, '-', '-', '-', 'nothing new since its last batch (not started)')
+        """
+        if self.skipped:
+            return (self.name, 0, "-", "-", "-", "nothing new since its last batch (not started)")
+        if self.note and not self.error:
+            return (self.name, 0, "-", "-", "-", self.note)
+        return (self.name, self.batches, self.input(), self.output(), f"{self.duration_s:.1f}s", self.notes())
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
 
 
 def report(running: RunningQuery, started: float) -> QueryReport:
@@ -247,6 +293,8 @@ def report(running: RunningQuery, started: float) -> QueryReport:
             rep.late_rows += sum(op.numRowsDroppedByWatermark for op in ops)
     for stats in running.writer.history:
         rep.batches += 1
+        for unit, n in stats.read.items():
+            rep.read[unit] = rep.read.get(unit, 0) + n
         for table, rows in stats.rows.items():
             rep.rows_out[table] = rep.rows_out.get(table, 0) + rows
         rep.versions.update(stats.versions)
