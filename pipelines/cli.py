@@ -34,19 +34,27 @@ def _lake(args: argparse.Namespace):
 
 def cmd_run_once(args: argparse.Namespace) -> int:
     from pipelines.jobs import run_once
+    from pipelines.query import REPORT_COLUMNS
     from pipelines.spark import get_spark
+    from pipelines.stages import stages
+    from pipelines.terminal import Progress, print_table
 
     lake = _lake(args)
-    spark = get_spark(app_name="seclake-run-once")
+    settings = _settings(args)
     print(f"seclake run-once: home {lake.home.root}", file=sys.stderr)
-    reports = run_once(spark, lake, _settings(args), only=args.only or None,
-                       on_report=lambda r: print(r.line(), flush=True))
+    with Progress("run-once", total=len([s for s in stages() if not args.only or s.name in args.only])) as progress:
+        progress.working_on("starting Spark")
+        spark = get_spark(app_name="seclake-run-once")
+        reports = run_once(spark, lake, settings, only=args.only or None, on_report=lambda r: progress.step(r.line()))
+    print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     return 1 if any(r.error for r in reports) else 0
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.jobs import stream
+    from pipelines.query import REPORT_COLUMNS
     from pipelines.spark import get_spark
+    from pipelines.terminal import print_table
 
     lake = _lake(args)
     spark = get_spark(app_name="seclake-stream")
@@ -55,8 +63,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
           file=sys.stderr)
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
                      report_every=args.report_every)
-    for r in reports:
-        print(r.line())
+    print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     print("seclake stream: stopped cleanly", file=sys.stderr)
     return 0
 

@@ -15,8 +15,11 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     """
     from pipelines.jobs import run_once
     from pipelines.lake.registry import Lake
+    from pipelines.query import REPORT_COLUMNS
     from pipelines.spark import get_spark
-    from sample_data.generator import generate
+    from pipelines.stages import stages
+    from pipelines.terminal import Progress, print_table
+    from sample_data.generator import DEFAULT_START, done_line, generate, hour_files, parse_start
 
     home.create()
     started = time.monotonic()
@@ -25,13 +28,18 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     else:
         print(f"[1/3] generating {hours:g} h of logs for {hosts} hosts (seed {seed}) into {home.landing}",
               file=sys.stderr)
-        generate(home.root, hours=hours, hosts=hosts, seed=seed,
-                 progress=lambda m: print(f"      {m}", file=sys.stderr))
+        with Progress("generate", total=hour_files(parse_start(DEFAULT_START), hours)) as progress:
+            manifest = generate(home.root, hours=hours, hosts=hosts, seed=seed, progress=progress.step)
+        print(done_line(manifest, home.root, time.monotonic() - started), file=sys.stderr)
     print("[2/3] running every stage once (Trigger.AvailableNow)", file=sys.stderr)
-    spark = get_spark(app_name="seclake-demo")
-    lake = Lake(home)
-    reports = run_once(spark, lake, on_report=lambda r: print(f"      {r.line()}", file=sys.stderr))
+    with Progress("run-once", total=len(stages())) as progress:
+        progress.working_on("starting Spark")
+        spark = get_spark(app_name="seclake-demo")
+        lake = Lake(home)
+        reports = run_once(spark, lake, on_report=lambda r: progress.step(r.line()))
     print("[3/3] summary", file=sys.stderr)
+    print_table(REPORT_COLUMNS, [r.cells() for r in reports], title="stages")
+    print()
     print(summary(spark, lake))
     print(f"\nDone in {time.monotonic() - started:.0f}s. Next:\n"
           f"  SQL shell:  .venv/bin/seclake sql --home {home.root}\n"
@@ -43,18 +51,21 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
 
 
 def summary(spark, lake) -> str:
-    """Rows and version of every table, then alerts by rule and severity."""
+    """Two aligned tables: version and rows of every table, then alerts by rule and severity."""
     from pipelines.lake.log import summary
+    from pipelines.terminal import format_table
 
-    lines = [f"{'table':<22} {'version':>7} {'rows':>10}"]
+    tables: list[tuple[str, int | None, int | None]] = []
     for name in lake.names():
         if not lake.exists(name):
-            lines.append(f"{name:<22} {'-':>7} {'not created':>10}")
+            tables.append((name, None, None))
             continue
         found = summary(lake.path(name))
-        lines.append(f"{name:<22} {found.version:>7} {found.rows:>10}")
+        tables.append((name, found.version, found.rows))
+    alerts = []
     if lake.exists("alerts"):
-        alerts = lake.read(spark, "alerts").groupBy("rule_name", "severity").count().orderBy("rule_name").collect()
-        lines.append("\nalerts by rule and severity:")
-        lines += [f"  {r.rule_name:<40} {r.severity:<9} {r['count']:>6}" for r in alerts] or ["  (none)"]
-    return "\n".join(lines)
+        counted = lake.read(spark, "alerts").groupBy("rule_name", "severity").count().orderBy("rule_name").collect()
+        alerts = [(r.rule_name, r.severity, r["count"]) for r in counted]
+    by_rule = (format_table(["rule", "severity", "alerts"], alerts, title="alerts by rule and severity")
+               if alerts else "alerts by rule and severity: none")
+    return format_table(["table", "version", "rows"], tables, title="tables ('-': not created yet)") + "\n\n" + by_rule

@@ -117,18 +117,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run :func:`generate` from parsed arguments; 0 on success, 2 on bad arguments."""
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    """Run :func:`generate` from parsed arguments; 0 on success, 2 on bad arguments.
+
+    Progress: one step per simulated hour (a bar on a terminal, plain lines otherwise).
+    """
+    from pipelines.terminal import Progress
+
+    started = time.monotonic()
     try:
-        generate(
-            args.out, hours=args.hours, hosts=args.hosts, seed=args.seed, start=args.start,
-            zeek_format=args.zeek_format, malformed_rate=args.malformed_rate,
-            duplicate_rate=args.duplicate_rate, late_rate=args.late_rate,
-            out_of_order_rate=args.out_of_order_rate, rate=args.rate,
-            workers=getattr(args, "workers", None), overwrite=getattr(args, "overwrite", False),
-            progress=progress,
-        )
+        hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)
+        with Progress("generate", total=hours) as progress:
+            manifest = generate(
+                args.out, hours=args.hours, hosts=args.hosts, seed=args.seed, start=args.start,
+                zeek_format=args.zeek_format, malformed_rate=args.malformed_rate,
+                duplicate_rate=args.duplicate_rate, late_rate=args.late_rate,
+                out_of_order_rate=args.out_of_order_rate, rate=args.rate,
+                workers=getattr(args, "workers", None), overwrite=getattr(args, "overwrite", False),
+                progress=progress.step,
+            )
+        print(done_line(manifest, args.out, time.monotonic() - started), file=sys.stderr)
     except ValueError as e:
         print(f"seclake generate: error: {e}", file=sys.stderr)
         return 2
@@ -283,7 +290,6 @@ def generate(
     (out / "landing" / "suricata").mkdir(parents=True, exist_ok=True)
     (out / "reference").mkdir(parents=True, exist_ok=True)
 
-    t_wall = time.monotonic()
     W = int(round(hours * HOUR))
     org = build_org(seed, hosts, start_us)
     write_atomic(out / "reference" / "devices.csv", devices_csv(org).encode())
@@ -319,9 +325,24 @@ def generate(
             S, E = E, E + W
     finally:
         _write_meta(out, manifest, gt)
-    say(f"generated {manifest['totals']['events']:,} events in {manifest['totals']['files']} files "
-        f"({manifest['totals']['late_files']} late) in {time.monotonic() - t_wall:.1f} s -> {out}")
     return manifest
+
+
+def done_line(manifest: dict, out: str | os.PathLike, seconds: float) -> str:
+    """What `seclake generate` (and `seclake demo`) say when the files are written."""
+    totals = manifest["totals"]
+    return (f"generated {totals['events']:,} events in {totals['files']} files ({totals['late_files']} late) "
+            f"in {seconds:.1f} s -> {out}")
+
+
+def hour_files(start_us: int, hours: float) -> int:
+    """Hourly files per log that `hours` from `start_us` take: the steps `generate` reports progress for.
+
+    >>> hour_files(parse_start("2026-11-20T00:30:00Z"), 1)
+    2
+    """
+    end = start_us + int(round(hours * HOUR))
+    return -(-(end - (start_us - start_us % HOUR)) // HOUR)
 
 
 def _write_meta(out: Path, manifest: dict, gt: list[dict]) -> None:
@@ -335,7 +356,7 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
             rate: float | None, workers: int | None, manifest: dict, gt: list[dict], state: dict,
             say: Callable[[str], None], prev_ips: dict[str, str] | None) -> dict[str, str]:
     base = S - S % HOUR
-    n_files = -(-(E - base) // HOUR)
+    n_files = hour_files(S, (E - S) / HOUR)
 
     # 1. presence, scenarios, DHCP
     plan = plan_presence(org, S, E, seed, window)
@@ -461,7 +482,7 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
         for item in [h for h in held if h[0] < i]:
             held.remove(item)
             _deliver(item[1], manifest, state, rate)
-        say(f"[seclake generate] {iso(h_us)[:16]}Z  {hour_events:,} events  "
+        say(f"{iso(h_us)[:16]}Z  {hour_events:,} events  "
             f"({time.monotonic() - t_start:.1f} s)")
     for _, job in held:
         _deliver(job, manifest, state, rate)
