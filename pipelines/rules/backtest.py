@@ -149,19 +149,24 @@ class Backtest:
         return Counter((a["src_ip"], a["mac"], a["device"], a["owner"]) for a in self.alerts).most_common()
 
     def lines(self) -> list[str]:
+        """The report: a headline, then aligned tables (alerts per day, per entity, recall, diff)."""
+        from pipelines.terminal import format_table
+
         span = f"{_fmt(self.start) if self.start else 'start'} .. {_fmt(self.end) if self.end else 'end'}"
         out = [f"{self.rule.slug} v{self.rule.version} ({self.rule.severity}) over {span}: {len(self.alerts)} alerts"]
-        out += [f"  {day}: {n}" for day, n in self.per_day().items()]
-        out.append("entities (src_ip, mac, device, owner): alerts")
-        out += [f"  {', '.join('-' if v is None else str(v) for v in ent)}: {n}" for ent, n in self.entities()]
+        if self.alerts:
+            out += ["", format_table(["day", "alerts"], [(str(day), n) for day, n in self.per_day().items()])]
+            out += ["", format_table(["src_ip", "mac", "device", "owner", "alerts"],
+                                     [(*entity, n) for entity, n in self.entities()])]
         if self.scores is not None:
             p = self.scores.precision
-            out.append(f"ground truth: precision {'n/a' if p is None else f'{p:.1%}'} "
-                       f"({self.scores.true_alerts}/{self.scores.alerts} alerts belong to an injected incident)")
-            for scenario, (got, total) in sorted(self.scores.recall.items()):
-                out.append(f"  recall {scenario}: {got}/{total}")
+            out += ["", f"ground truth: precision {'n/a' if p is None else f'{p:.1%}'} "
+                        f"({self.scores.true_alerts}/{self.scores.alerts} alerts belong to an injected incident)"]
+            if self.scores.recall:
+                out.append(format_table(["scenario", "recalled", "injected"],
+                                        [(s, got, total) for s, (got, total) in sorted(self.scores.recall.items())]))
         if self.against is not None:
-            out.append(f"against v{self.against.version}: {len(self.new)} new, {len(self.removed)} removed")
+            out += ["", f"against v{self.against.version}: {len(self.new)} new, {len(self.removed)} removed"]
             out += [f"  + {_describe(a)}" for a in self.new]
             out += [f"  - {_describe(a)}" for a in self.removed]
         return out

@@ -1,4 +1,4 @@
-"""`seclake rules list|validate|test|backtest`: the rule pack from the command line."""
+"""`seclake rules list|validate|test|backtest|coverage`: the rule pack from the command line."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     >>> parser.parse_args(["rules", "validate"]).rules_command
     'validate'
     """
-    rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest (docs/rules.md)")
+    rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest, coverage (docs/rules.md)")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="RULES_COMMAND")
 
     def rules_dir_arg(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +61,13 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     home_arg(backtest)
     rules_dir_arg(backtest)
     backtest.set_defaults(func=cmd_backtest)
+
+    coverage = rules_sub.add_parser("coverage", help="MITRE ATT&CK coverage of the pack: an ATT&CK Navigator layer "
+                                                     "(JSON) and a Markdown table")
+    coverage.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
+                          help="folder for attack-navigator-layer.json and attack-coverage.md (default: .)")
+    rules_dir_arg(coverage)
+    coverage.set_defaults(func=cmd_coverage)
 
 
 def _rules_dir(args: argparse.Namespace) -> Path:
@@ -115,6 +122,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_test(args: argparse.Namespace) -> int:
     from pipelines.rules.testing import lint_rule, run_rule_tests
     from pipelines.spark import get_spark
+    from pipelines.terminal import print_table
 
     rules_dir = _rules_dir(args)
     pack = scan_rules(rules_dir)
@@ -128,8 +136,8 @@ def cmd_test(args: argparse.Namespace) -> int:
             failures += 1
     spark = get_spark(app_name="seclake-rules-test", ui=False)
     results = run_rule_tests(spark, rules)
-    for result in results:
-        print(result.line())
+    print_table(["rule", "case", "result", "why"],
+                [(r.rule, r.case, "PASS" if r.passed else "FAIL", r.message) for r in results])
     failures += sum(not r.passed for r in results)
     print(f"{len(results)} cases, {failures} failure(s)", file=sys.stderr)
     return 1 if failures else 0
@@ -140,6 +148,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from pipelines.lake.registry import Lake
     from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision, write_missing
     from pipelines.spark import get_spark
+    from pipelines.terminal import Progress
 
     rules_dir = _rules_dir(args)
     rule = find_rule(args.rule, rules_dir)
@@ -156,13 +165,36 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     truth = args.ground_truth or (home.root / GROUND_TRUTH)
     if args.ground_truth and not truth.is_file():
         raise FileNotFoundError(f"no ground-truth file {truth}")
-    spark = get_spark(app_name="seclake-rules-backtest", ui=False)
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
-    result = backtest(spark, Lake(home), rule, start=start, end=end,
-                      ground_truth=truth if truth.is_file() else None, against=against)
+    with Progress("backtest", total=2 + bool(args.write)) as progress:
+        progress.working_on("starting Spark")
+        spark = get_spark(app_name="seclake-rules-backtest", ui=False)
+        progress.step("Spark started")
+        progress.working_on(f"running {rule.slug} over the tables")
+        result = backtest(spark, Lake(home), rule, start=start, end=end,
+                          ground_truth=truth if truth.is_file() else None, against=against)
+        progress.step(f"{rule.slug}: {len(result.alerts):,} alerts")
+        if args.write:
+            progress.working_on("adding the alerts the table lacks")
+            found, added = write_missing(spark, Lake(home), rule, start, end)
+            progress.step(f"{added:,} alerts added")
     print("\n".join(result.lines()))
     if args.write:
-        found, added = write_missing(spark, Lake(home), rule, start, end)
         print(f"alerts: {added} added, {found - added} of the {found} found were already in the table")
     return 0
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from pipelines.rules.coverage import tactics, techniques, write_coverage
+    from pipelines.terminal import print_table
+
+    pack = scan_rules(_rules_dir(args))
+    for reason in pack.errors.values():
+        print(f"INVALID {reason}", file=sys.stderr)
+    layer, table = write_coverage(pack.rules, args.out)
+    print_table(["technique", "tactic", "rules"],
+                [(t, ", ".join(tactics(t)) or "-", ", ".join(r.slug for r in named))
+                 for t, named in techniques(pack.rules).items()])
+    print(f"wrote {layer} (open it in the ATT&CK Navigator: Open Existing Layer) and {table}", file=sys.stderr)
+    return 1 if pack.errors else 0
