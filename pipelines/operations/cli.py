@@ -63,15 +63,20 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from pipelines.operations.maintain import maintain
+    from pipelines.operations.maintain import MAINTENANCE_COLUMNS, maintain
+    from pipelines.terminal import Progress, print_table
 
-    spark = None
-    if not args.dry_run:
-        from pipelines.spark import get_spark
+    lake = _lake(args)
+    with Progress("maintain", total=len([n for n in lake.names() if lake.exists(n)])) as progress:
+        spark = None
+        if not args.dry_run:
+            from pipelines.spark import get_spark
 
-        spark = get_spark(app_name="seclake-maintain")
-    for step in maintain(spark, _lake(args), _settings_of(args), dry_run=args.dry_run):
-        print(step.line())
+            progress.working_on("starting Spark")
+            spark = get_spark(app_name="seclake-maintain")
+        done = maintain(spark, lake, _settings_of(args), dry_run=args.dry_run,
+                        on_table=lambda step: progress.step(step.line()))
+    print_table(MAINTENANCE_COLUMNS, [step.cells() for step in done])
     return 0
 
 

@@ -6,6 +6,7 @@ run while `seclake stream` runs, like every operator command (`pipelines/operati
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -15,6 +16,8 @@ from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
 
 MIN_RETENTION_HOURS = 168  # Delta's own floor (retentionDurationCheck); shorter can break a lagging stream
+# The columns of `TableMaintenance.cells`: `seclake maintain`'s closing table.
+MAINTENANCE_COLUMNS: tuple[str, ...] = ("table", "files", "MiB", "files after", "MiB after", "vacuumed")
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,21 @@ class TableMaintenance:
         return (f"{head} -> {self.after.files} files {self.after.size_bytes / 2**20:>6.1f} MiB, "
                 f"{self.vacuumed} vacuumed")
 
+    def cells(self) -> tuple[object, ...]:
+        """One row under MAINTENANCE_COLUMNS (None after, in a dry run).
 
-def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(),
-             dry_run: bool = False) -> list[TableMaintenance]:
-    """Compact, vacuum and checkpoint every table of `lake`; a dry run only reads the logs."""
+        >>> TableMaintenance("silver_dns", FileStats(12, 3 * 2**20)).cells()
+        ('silver_dns', 12, 3.0, None, None, None)
+        """
+        after = self.after
+        return (self.table, self.before.files, self.before.size_bytes / 2**20,
+                after and after.files, after and after.size_bytes / 2**20, after and self.vacuumed)
+
+
+def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(), dry_run: bool = False,
+             on_table: Callable[[TableMaintenance], None] | None = None) -> list[TableMaintenance]:
+    """Compact, vacuum and checkpoint every table of `lake`; a dry run only reads the logs.
+    `on_table` hears of each table as it is done (`seclake maintain`'s progress)."""
     from pipelines.lake.admin import write_log_checkpoint
     from pipelines.lake.maintenance import compact, vacuum
     from pipelines.operations.running import refuse_while_streaming
@@ -56,9 +70,11 @@ def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settin
         before = file_stats(path)
         if dry_run or spark is None:
             done.append(TableMaintenance(name, before))
-            continue
-        compact(spark, path)
-        removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
-        write_log_checkpoint(spark, path)
-        done.append(TableMaintenance(name, before, file_stats(path), len(removed)))
+        else:
+            compact(spark, path)
+            removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
+            write_log_checkpoint(spark, path)
+            done.append(TableMaintenance(name, before, file_stats(path), len(removed)))
+        if on_table:
+            on_table(done[-1])
     return done
