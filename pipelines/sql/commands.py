@@ -1,4 +1,4 @@
-"""The `seclake sql`, `tables` and `history` sub-commands: their arguments, and the shell or script they run."""
+"""The `seclake sql`, `serve`, `tables` and `history` sub-commands: their arguments, and what they run."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pipelines import environment
 from pipelines.sql.database import Database, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
+from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
 from pipelines.sql.shell import Shell, readline_input
 from pipelines.sql.statements import parse_as_of, split_statements
 
@@ -39,6 +40,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pipelines.sql.serve import serve
+
+    serve(args.home, host=args.host, port=args.port)
+    return 0
+
+
 def cmd_tables(args: argparse.Namespace) -> int:
     write_tables(connect(args.home).tables(), args.format, sys.stdout)
     return 0
@@ -52,7 +60,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `sql`, `tables` and `history` to the `seclake` command line."""
+    """Add `sql`, `serve`, `tables` and `history` to the `seclake` command line."""
     def output_args(parser: argparse.ArgumentParser, limit_help: str) -> None:
         parser.add_argument("--format", choices=FORMATS, default="table",
                             help="aligned table (default), CSV with a header, or JSON Lines")
@@ -70,6 +78,19 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
                      help="read every table as of a version (12) or time (2026-11-20T10:00:00Z); "
                           "per table in the SQL: silver_dns@v12")
     sql.set_defaults(func=cmd_sql)
+
+    serve = sub.add_parser(
+        "serve", help="serve the tables to BI tools over JDBC/ODBC (Spark's Thrift server), read-only",
+        description="Start Spark's Thrift JDBC/ODBC server over every created table, read-only (the SQL sandbox "
+                    "refuses writes, reflection and file reads), until Ctrl-C or SIGTERM. Connect with "
+                    "jdbc:hive2://HOST:PORT/default (DBeaver, beeline) or hive://HOST:PORT/default (Superset); "
+                    "see docs/bi.md.")
+    home_arg(serve)
+    serve.add_argument("--host", default=DEFAULT_HOST,
+                       help=f"interface to listen on (default {DEFAULT_HOST}: this machine only; the endpoint has "
+                            "no authentication, so bind elsewhere only behind a firewall or proxy you trust)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    serve.set_defaults(func=cmd_serve)
 
     tables = sub.add_parser("tables", help="list the tables: version, rows, files, size, last commit, partitioning")
     home_arg(tables)
