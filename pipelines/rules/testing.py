@@ -63,10 +63,6 @@ class CaseResult:
     passed: bool
     message: str = ""
 
-    def line(self) -> str:
-        status = "PASS" if self.passed else "FAIL"
-        return f"{status} {self.rule} :: {self.case}" + (f": {self.message}" if self.message else "")
-
 
 def load_cases(rule: Rule) -> list[Case]:
     """The cases of `rule` (from `rule.tests_path`); RuleError when missing or malformed."""
