@@ -5,7 +5,8 @@ next reload without editing this package:
 
 - table assets from `pipelines.stages.stages()` + the table registry (`assets/tables.py`);
 - one asset per `rules/**/*.sql` file plus the `alerts` table asset (`assets/rules.py`);
-- Great Expectations checks on silver and enriched tables (`assets/checks.py`);
+- Great Expectations checks on silver and enriched tables (`assets/checks.py`), and
+  `rule_enabled` on every rule asset (`assets/rules.py`);
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
   (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
   (`assets/table_state.py`); `maintenance_job`, `retention_job` and their schedules
@@ -31,10 +32,11 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
     'run_once_job'
     """
     pipeline_stages = table_stages(list(stage_list) if stage_list is not None else stages())
-    assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(Path(rules_dir) if rules_dir else None)]
+    folder = Path(rules_dir) if rules_dir else None
+    assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(folder)]
     return Definitions(
         assets=assets,
-        asset_checks=checks.quality_checks(pipeline_stages),
+        asset_checks=[*checks.quality_checks(pipeline_stages), *rules.rule_checks(folder)],
         jobs=[jobs.run_once_job_def(), jobs.stream_job, operations.maintenance_job, operations.retention_job],
         schedules=[automation.run_once_schedule_def(), operations.maintenance_schedule, operations.retention_schedule],
         sensors=[automation.landing_sensor, table_state.table_state_sensor],

@@ -15,6 +15,9 @@ import re
 from pathlib import Path
 
 from dagster import (
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -22,6 +25,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    asset_check,
     multi_asset,
 )
 
@@ -136,6 +140,32 @@ def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> Asse
         raise Failure(description=f"rule file {path} is not valid: {reason}", allow_retries=False)
 
     return _invalid
+
+
+def rule_enabled_check(rule) -> AssetChecksDefinition:
+    """The `rule_enabled` check of a rule asset: fails while `rule_status` has the rule disabled."""
+
+    @asset_check(asset=rule_key(rule.slug), name="rule_enabled", blocking=False,
+                 description="the rule is not disabled after failing at run time (rule_status; "
+                             "`seclake rules enable` re-enables it)")
+    def _check(spark: SparkResource, lake: LakeResource) -> AssetCheckResult:
+        from pipelines.rules.health import DISABLED
+        from pipelines.rules.status import RuleStatus
+
+        health = RuleStatus(spark.session, lake.lake).get(rule.slug, rule.content_hash)
+        return AssetCheckResult(
+            passed=health.state != DISABLED, severity=AssetCheckSeverity.ERROR,
+            description=f"{rule.slug}: {health.state}" + (f" ({health.reason})" if health.reason else ""),
+            metadata={"state": health.state, "failures_in_a_row": health.failures, "reason": health.reason or "-",
+                      "retry_at": health.retry_at.isoformat() if health.retry_at else "-"})
+
+    return _check
+
+
+def rule_checks(rules_dir: Path | str | None = None) -> list[AssetChecksDefinition]:
+    """`rule_enabled` on the asset of every valid rule file under `rules_dir`."""
+    folder = Path(rules_dir) if rules_dir else default_rules_dir()
+    return [rule_enabled_check(rule) for rule in scan(folder).rules] if folder.is_dir() else []
 
 
 def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:

@@ -57,12 +57,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.terminal import print_table
 
     lake = _lake(args)
-    spark = get_spark(app_name="seclake-stream")
+    spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream")
     settings = _settings(args)
     print(f"seclake stream: home {lake.home.root}, trigger every {settings.trigger_interval}; Ctrl-C to stop",
           file=sys.stderr)
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
-                     report_every=args.report_every)
+                     report_every=args.report_every, only=args.only)
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     print("seclake stream: stopped cleanly", file=sys.stderr)
     return 0
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     _home_arg(stream)
     _settings_arg(stream)
     stream.add_argument("--report-every", type=float, default=60.0, help="seconds between progress lines")
+    stream.add_argument("--only", choices=("tables", "rules"), default=None,
+                        help="run one part in this process: the ETL and attribution, or the rules (by default "
+                             "the rules run in a Spark application of their own that this command starts)")
     stream.set_defaults(func=cmd_stream)
 
     from pipelines.sql.commands import add_commands as add_sql_commands

@@ -4,13 +4,19 @@ Run-once is a trigger, not a second code path: both modes start the very same qu
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
@@ -24,7 +30,7 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.settings import Settings
-from pipelines.stages import StageError, run_stage, stages
+from pipelines.stages import StageError, run_stage, stages, table_stages
 
 log = logging.getLogger("seclake")
 
@@ -61,6 +67,12 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
         except StageError as err:
             rep = err.report or QueryReport(stage.name)
             rep.error = rep.error or error_summary(err.__cause__ or err)
+        except (ConnectionError, Py4JNetworkError) as exc:
+            # The JVM died under the stage (an OutOfMemoryError kills it in local mode). Every
+            # committed batch stays; a rule in this stage is charged at the next run-once.
+            raise RuntimeError(f"the Spark application stopped during stage {stage.name} (its last lines above say "
+                               "why, e.g. java.lang.OutOfMemoryError); what committed is kept, the next run "
+                               "resumes from there") from exc
         reports.append(rep)
         if on_report:
             on_report(rep)
@@ -68,8 +80,9 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+                     ) -> Iterator[None]:
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     for sig in previous:
         signal.signal(sig, lambda *_: stop.set())
     try:
@@ -80,32 +93,132 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), stop: threading.Event | None = None,
-           on_report: Callable[[QueryReport], None] | None = None, report_every: float = 60.0) -> list[QueryReport]:
+           on_report: Callable[[QueryReport], None] | None = None, report_every: float = 60.0,
+           only: str | None = None) -> list[QueryReport]:
     """Run every stage continuously until `stop` is set, SIGINT or SIGTERM; then stop cleanly.
 
     A clean stop lets the running micro-batch finish its commits; a kill at any point is also
     safe (exactly-once), it only replays the interrupted batch on restart. A stage query that
     fails is restarted from its checkpoint after RESTART_SECONDS, doubling per failure.
-    """
-    from pipelines.operations.running import stream_marker
 
+    The rules run in a Spark application of their own: a child process (`seclake stream --only
+    rules`) that this one starts, restarts with the same back-off if it dies, and stops. A rule
+    that exhausts memory or kills its JVM cannot take the ETL and attribution with it; the rules
+    that were in a micro-batch when it died are charged a failure (docs/rules.md). `only` runs
+    one part in this process: "tables" (ETL and attribution) or "rules".
+    """
+    from pipelines.operations.running import running_stream, stream_marker
+
+    if only not in (None, "tables", "rules"):
+        raise ValueError(f"only={only!r}: expected 'tables' or 'rules'")
+    home = lake.home.create()
+    if only == "rules" and running_stream(home) == os.getppid():
+        # Started by `seclake stream`, which holds the home's stream marker for both parts.
+        return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
     # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
-    with stream_marker(lake.home.create()):
-        return _stream(spark, lake, settings, stop, on_report, report_every)
+    with stream_marker(home):
+        if only is not None:
+            return _stream(spark, lake, settings, stop, on_report, report_every,
+                           tables=only == "tables", rules=only == "rules")
+        with RulesApp(lake, settings, report_every) as rules_app:
+            return _stream(spark, lake, settings, stop, on_report, report_every, tables=True, rules=False,
+                           rules_app=rules_app)
+
+
+class RulesApp:
+    """The rules' Spark application: `seclake stream --only rules` as a child process.
+
+    Started with the parent's settings, stdout and stderr; `check` (called every second) restarts
+    it after a back-off when it died by itself, first charging the rules it was running a batch
+    of; leaving the block stops it (SIGTERM, then SIGKILL after a minute). On Linux the child
+    also dies with its parent, so a killed `seclake stream` leaves no rules running.
+    """
+
+    def __init__(self, lake: Lake, settings: Settings, report_every: float) -> None:
+        self.lake = lake
+        self.settings = settings
+        self.report_every = report_every
+        self.proc: subprocess.Popen | None = None
+        self.failures = 0
+        self.restart_at: float | None = None
+
+    def __enter__(self) -> RulesApp:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def command(self) -> list[str]:
+        """The child's command line: this interpreter, the parent's home and changed settings."""
+        changed = [f"{f.name}={getattr(self.settings, f.name)}" for f in dataclasses.fields(Settings)
+                   if getattr(self.settings, f.name) != getattr(Settings(), f.name)]
+        return [sys.executable, "-m", "pipelines.cli", "stream", "--only", "rules",
+                "--home", str(self.lake.home.root), "--report-every", str(self.report_every),
+                *[arg for assignment in changed for arg in ("--set", assignment)]]
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(self.command(), preexec_fn=_child_setup())
+
+    def check(self, spark: SparkSession, now: float) -> None:
+        """Restart the child if it died by itself (charging the rules it was running), after a back-off."""
+        from pipelines.rules.engine import charge_in_flight
+
+        if self.proc is None or self.proc.poll() is None:
+            if self.restart_at is not None and now >= self.restart_at:
+                self.restart_at = None
+                self._start()
+                log.warning("the rules application restarted")
+            return
+        code = self.proc.returncode
+        self.proc = None
+        self.failures += 1
+        charged = charge_in_flight(spark, self.lake, self.settings)
+        wait = _backoff(self.failures)
+        self.restart_at = now + wait
+        log.error("the rules application stopped (exit code %s)%s; restarting it in %.0f s", code,
+                  f", in a batch of {', '.join(charged)}" if charged else "", wait)
+
+
+def _child_setup() -> Callable[[], None]:
+    """What the rules application's process runs before exec: SIGKILL when its parent dies (Linux
+    prctl PR_SET_PDEATHSIG), and Ctrl-C ignored (the terminal sends it to both processes; the
+    parent stops the child with SIGTERM). libc is loaded here, in the parent: code between fork
+    and exec must not import (the import lock may be held by another thread)."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:  # not Linux: the child notices its parent is gone within a second instead
+        prctl = None
+
+    def setup() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if prctl is not None:
+            prctl(1, signal.SIGKILL)
+
+    return setup
 
 
 def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading.Event | None,
-            on_report: Callable[[QueryReport], None] | None, report_every: float) -> list[QueryReport]:
+            on_report: Callable[[QueryReport], None] | None, report_every: float, *, tables: bool, rules: bool,
+            rules_app: RulesApp | None = None, child: bool = False) -> list[QueryReport]:
     from pipelines.rules import RuleManager
+    from pipelines.rules.engine import clear_in_flight, watch_rule
 
     stop = stop or threading.Event()
     trigger = processing_time(settings.trigger_interval)
     started = time.monotonic()
+    parent = os.getppid()
     running: list[RunningQuery] = []
     # Each stage streams from the tables of the one before it: on a fresh home they start empty.
     for name in lake.names():
         lake.ensure(spark, name, settings.checkpoint_interval)
-    starters = {stage.name: stage.start for stage in stages()}
+    starters = {stage.name: stage.start for stage in table_stages(stages())} if tables else {}
     try:
         for start in starters.values():
             running.append(start(spark, lake, settings, trigger))
@@ -114,33 +227,43 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
             r.query.stop()
             r.writer.close()
         raise
-    rules = RuleManager()
+    rule_manager = RuleManager() if rules else None
+    if rule_manager is not None:
+        clear_in_flight(lake)  # left by a rules application killed with its parent: nothing to charge
     reported: set[str] = set()
     failures: dict[str, int] = {}
     restart_at: dict[str, float] = {}
-    last_report = last_sync = time.monotonic()
-    with _stop_on_signals(stop):
+    last_report = time.monotonic()
+    last_sync = 0.0
+    # The rules application of a `seclake stream` leaves Ctrl-C to its parent, which stops it with SIGTERM.
+    with _stop_on_signals(stop, (signal.SIGTERM,) if child else (signal.SIGINT, signal.SIGTERM)):
         while not stop.wait(1.0):
             now = time.monotonic()
-            if now - last_sync >= RULE_SYNC_SECONDS:
-                # Deploy = add or edit a rule file: only that rule's query (re)starts.
-                rules.sync(spark, lake, settings, trigger, running)
-                last_sync = now
+            if child and os.getppid() != parent:
+                log.error("the parent `seclake stream` is gone: stopping the rules")
+                break
+            if rules_app is not None:
+                rules_app.check(spark, now)
+            if rule_manager is not None:
+                for r in running:
+                    watch_rule(r, now)  # batch budget; which rules are in a batch (charged if this app dies)
+                if now - last_sync >= RULE_SYNC_SECONDS:
+                    # Deploy = add or edit a rule file: only that rule's query (re)starts.
+                    rule_manager.sync(spark, lake, settings, trigger, running)
+                    last_sync = now
             reported -= {r.name for r in running if r.query.isActive}  # a restarted query may fail anew
-            failed = [r for r in running if not r.query.isActive and r.query.exception() is not None]
+            failed = [r for r in running if r.name in starters and not r.query.isActive
+                      and r.query.exception() is not None]
             for r in failed:
                 if r.name not in reported:  # once per failure, not once a second
                     reported.add(r.name)
-                    if r.name in starters:
-                        # A stage that fails (e.g. a Python worker that timed out under load) restarts
-                        # from its checkpoint, which is exactly-once; the wait doubles per failure.
-                        failures[r.name] = failures.get(r.name, 0) + 1
-                        wait = _backoff(failures[r.name])
-                        restart_at[r.name] = now + wait
-                        log.error("query %s failed: %s; restarting it in %.0f s", r.name,
-                                  error_summary(r.query.exception() or "unknown error"), wait)
-                    else:
-                        log.error("query %s failed: %s", r.name, error_summary(r.query.exception() or "unknown error"))
+                    # A stage that fails (e.g. a Python worker that timed out under load) restarts
+                    # from its checkpoint, which is exactly-once; the wait doubles per failure.
+                    failures[r.name] = failures.get(r.name, 0) + 1
+                    wait = _backoff(failures[r.name])
+                    restart_at[r.name] = now + wait
+                    log.error("query %s failed: %s; restarting it in %.0f s", r.name,
+                              error_summary(r.query.exception() or "unknown error"), wait)
                 elif r.name in restart_at and now >= restart_at[r.name]:
                     r.writer.close()
                     try:

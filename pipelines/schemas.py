@@ -173,6 +173,18 @@ ALERTS_SCHEMA = StructType(_fields(
     ("event_date", DateType()),
 ))
 
+# One row per change of a rule's health (pipelines/rules/health.py): a failure, a disable, a
+# re-enable, a recovery, a file that does not validate. A rule's newest row is its state.
+RULE_STATUS_SCHEMA = StructType(_fields(
+    ("rule", StringType()),
+    ("content_hash", StringType()),
+    ("state", StringType()),
+    ("failures", IntegerType()),
+    ("reason", StringType()),
+    ("retry_at", TimestampType()),
+    ("changed_at", TimestampType()),
+))
+
 # ---- attribution (issue 5): dhcp_leases, enriched_<kind>, late_events; rules in docs/attribution.md
 
 # One row per lease segment: [valid_from, valid_to) during which `mac` held `ip`. Segments of one
@@ -204,7 +216,6 @@ ENRICHED_SCHEMAS: dict[str, StructType] = {
     for kind in ("conn", "dns", "ids_alerts")
 }
 
-# One row per micro-batch in which a stateful attribution query dropped rows older than its watermark.
 # Run-once's marks: every event before flush_at has arrived (pipelines/end_of_input.py); ip set
 # on the copies addressed to one IP's lease state.
 END_OF_INPUT_SCHEMA = StructType(_fields(
@@ -212,6 +223,8 @@ END_OF_INPUT_SCHEMA = StructType(_fields(
     ("ip", StringType()),
     ("written_at", TimestampType()),
 ))
+
+# One row per micro-batch in which a stateful attribution query dropped rows older than its watermark.
 
 LATE_EVENTS_SCHEMA = StructType(_fields(
     ("query", StringType()),

@@ -33,6 +33,16 @@ class Settings:
     # A rule that declares no `watermark`: how late an enriched row may reach the rule. Enriched
     # rows of one commit span about a lease piece plus the lease watermark.
     rule_watermark: str = "20 minutes"
+    # A rule that fails at run time is retried after this, doubled per failure in a row: a
+    # transient fault (a lost executor, a full disk) clears in minutes, a broken rule stops
+    # costing a query start every trigger.
+    rule_retry: str = "1 minute"
+    # ... and disabled at this many failures in a row (a platform alert says so), until
+    # `seclake rules enable` or an edit of its file. Three rules out one flaky minute.
+    rule_max_failures: int = 3
+    # A rule micro-batch running longer than this is stopped and counted as a failure: the pack's
+    # rules take seconds per batch; minutes mean a runaway join or regex starving the others.
+    rule_batch_budget: str = "10 minutes"
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
     # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its

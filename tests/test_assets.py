@@ -87,6 +87,7 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
         assert assets_def.op.retry_policy == tables.RETRY_POLICY
     checks = {k.to_user_string() for k in graph.asset_check_keys}
     assert "silver/dns:expectations" in checks and "silver/conn:quarantine_ratio" in checks
+    assert "rules/dns_tunneling:rule_enabled" in checks
     # One asset per rule file in the repository.
     rule_files = sorted(p.stem for p in (REPO / "rules").rglob("*.sql"))
     assert {f"rules/{slug}" for slug in rule_files} <= keys

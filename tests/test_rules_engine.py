@@ -150,13 +150,13 @@ def test_a_failing_rule_is_isolated_and_reported(spark, lake):
     assert len(alerts(spark, lake)) == 1
 
 
-def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic(tmp_path, lake):
+def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic(spark, tmp_path, lake):
     (tmp_path / "rules" / "dns").mkdir(parents=True)
     shutil.copy(DGA, tmp_path / "rules" / "dns" / DGA.name)
     (tmp_path / "rules" / "dns" / "broken.sql").write_text("/* name: x */ SELECT 1")
     stages = {s.name: s.start for s in rule_stages(tmp_path / "rules")}
     assert list(stages) == ["rule_dga_nxdomain_burst", "rule_broken"]
-    failed = stages["rule_broken"](None, lake, Settings(), AVAILABLE_NOW)
+    failed = stages["rule_broken"](spark, lake, Settings(), AVAILABLE_NOW)
     assert isinstance(failed.query, StoppedQuery) and "missing or empty" in str(failed.query.exception())
     assert "FAILED" in report(failed, time.monotonic()).line()
 

@@ -52,6 +52,8 @@ def _specs() -> dict[str, TableSpec]:
                            schemas.LATE_EVENTS_SCHEMA))
     specs.append(TableSpec("alerts", "gold", "one row per detection: rule, entity, window, evidence; stable alert_id",
                            schemas.ALERTS_SCHEMA, ("event_date",)))
+    specs.append(TableSpec("rule_status", "gold", "one row per change of a rule's health: failing, disabled, "
+                           "re-enabled, invalid; a rule's newest row is its state", schemas.RULE_STATUS_SCHEMA))
     return {spec.name: spec for spec in specs}
 
 

@@ -1,4 +1,4 @@
-"""`seclake rules list|validate|test|backtest|coverage`: the rule pack from the command line."""
+"""`seclake rules list|validate|test|backtest|coverage|status|enable`: the rule pack from the command line."""
 from __future__ import annotations
 
 import argparse
@@ -68,6 +68,19 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
                           help="folder for attack-navigator-layer.json and attack-coverage.md (default: .)")
     rules_dir_arg(coverage)
     coverage.set_defaults(func=cmd_coverage)
+
+    status = rules_sub.add_parser("status", help="each rule's health in the home: ok, failing (backing off), "
+                                                 "disabled or invalid, with the last failure")
+    home_arg(status)
+    rules_dir_arg(status)
+    status.set_defaults(func=cmd_status)
+
+    enable = rules_sub.add_parser("enable", help="re-enable a rule disabled after failing (the running stream "
+                                                 "starts it within seconds)")
+    enable.add_argument("rule", metavar="RULE", help="rule file name (slug) or id")
+    home_arg(enable)
+    rules_dir_arg(enable)
+    enable.set_defaults(func=cmd_enable)
 
 
 def _rules_dir(args: argparse.Namespace) -> Path:
@@ -198,3 +211,40 @@ def cmd_coverage(args: argparse.Namespace) -> int:
                  for t, named in techniques(pack.rules).items()])
     print(f"wrote {layer} (open it in the ATT&CK Navigator: Open Existing Layer) and {table}", file=sys.stderr)
     return 1 if pack.errors else 0
+
+
+def _rule_status(args: argparse.Namespace):
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.rules.status import RuleStatus
+    from pipelines.spark import get_spark
+
+    return RuleStatus(get_spark(app_name="seclake-rules-status", ui=False), Lake(Home.resolve(args.home)))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pipelines.rules.engine import file_hash
+
+    pack = scan_rules(_rules_dir(args))
+    status = _rule_status(args)
+    deployed = {r.slug: r.content_hash for r in pack.rules}
+    deployed.update({path.stem: file_hash(path) for path in pack.errors})
+    for slug, content_hash in sorted(deployed.items()):
+        health = status.get(slug, content_hash)
+        retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""
+        failures = f", {health.failures} failure(s) in a row" if health.failures else ""
+        reason = f": {health.reason}" if health.reason else ""
+        print(f"{slug:<28} {health.state}{failures}{retry}{reason}")
+    return 1 if any(status.get(s, h).state in ("disabled", "invalid") for s, h in deployed.items()) else 0
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    rule = find_rule(args.rule, _rules_dir(args))
+    status = _rule_status(args)
+    health = status.get(rule.slug, rule.content_hash)
+    if health.state == "ok":
+        print(f"rule {rule.slug} is not disabled (state ok): nothing to do")
+        return 0
+    status.put(health.enabled())
+    print(f"rule {rule.slug} re-enabled (was {health.state} after {health.failures} failure(s): {health.reason})")
+    return 0

@@ -8,6 +8,14 @@ rows into alerts, drops the alert ids the table already holds and commits throug
 
 A rule that cannot start (missing input table, analysis error) gives a `RunningQuery` whose
 query is a `StoppedQuery` carrying the error: the other rules start and run regardless.
+
+Run-time isolation (docs/rules.md): every start and end of a rule query updates its health in
+`rule_status` (pipelines/rules/status.py). A rule that failed is held back until its back-off
+passes, then retried; one that failed `rule_max_failures` times in a row is disabled. A
+micro-batch over `rule_batch_budget` is stopped and counts as a failure. A marker in the
+rule's checkpoint (RUNNING_MARKER) says the rule is in a batch: under run-once from its start
+to its end (found at the next run-once: the application died in this rule); in the stream's
+rules application while a micro-batch runs (`watch_rule`; `charge_in_flight` when it died).
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +35,29 @@ from pyspark.sql.streaming import StreamingQuery
 from pipelines.end_of_input import END_OF_INPUT, read_marks, with_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.query import BatchStats, RunningQuery, Stage, StoppedQuery, start_query, stop_between_batches
+from pipelines.query import (
+    BatchStats,
+    RunningQuery,
+    Stage,
+    StoppedQuery,
+    error_summary,
+    start_query,
+    stop_between_batches,
+)
 from pipelines.rules.alerts import alert_frame, unseen
+from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
-from pipelines.rules.spec import Rule, RuleError, query_name
+from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
+from pipelines.rules.status import RuleStatus, rule_status, utc_now
 from pipelines.rules.tables import ALERTS_TABLE, table_path
 from pipelines.settings import Settings
 
 log = logging.getLogger("seclake.rules")
 
 CHECKPOINT_MARKER = "seclake_rule.json"
+# In a rule's checkpoint while it is in a batch: "once" (run-once) or "stream" (the rules application).
+RUNNING_MARKER = "seclake_running"
+DIED = "the Spark application stopped while this rule ran (out of memory, or killed)"
 
 
 class MissingInputError(RuntimeError):
@@ -53,13 +75,21 @@ class AlertWriter:
     the checkpoint) and passes it to the rule query's `writeStream.foreachBatch`.
     """
 
-    def __init__(self, lake: Lake, rule: Rule, app_id: str) -> None:
+    def __init__(self, lake: Lake, rule: Rule, app_id: str, status: RuleStatus, settings: Settings,
+                 marker: Path) -> None:
         self.rule = rule
         self.content_hash = rule.content_hash
         self.alerts_path = lake.path(ALERTS_TABLE)
         self.sink = lake.sink(ALERTS_TABLE, app_id=app_id)
         self.history: list[BatchStats] = []
         self.error: str | None = None
+        self.status = status
+        self.settings = settings
+        self.marker = marker
+        # Set by `start_rule` once the query runs; `overrun` by RuleQuery when a batch ran over budget.
+        self.query: StreamingQuery | None = None
+        self.overrun: str | None = None
+        self._closed = False
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         alerts = fresh = None
@@ -79,21 +109,74 @@ class AlertWriter:
         stats = BatchStats(batch_id, already_known=total - new)
         stats.record(result)
         self.history.append(stats)
+        health = self.status.get(self.rule.slug, self.content_hash)
+        if health.failures:
+            self.status.put(health.succeeded())
 
     def close(self) -> None:
-        """Nothing to release: every batch's commit is complete when the batch ends."""
+        """Record how the query ended in `rule_status` (a failure: its error or a batch over
+        budget); every batch's commit is complete when the batch ends, nothing else to release."""
+        if self._closed:
+            return
+        failure = self.overrun
+        # Raises when the JVM is gone: the marker stays, and the next run-once charges this rule.
+        if failure is None and self.query is not None and not self.query.isActive:
+            exc = self.query.exception()
+            if exc is not None:
+                failure = f"failed in {self.error}" if self.error else error_summary(exc)
+        self._closed = True
+        if failure is not None:
+            record_failure(self.status, self.settings, self.rule, failure)
+        self.marker.unlink(missing_ok=True)
 
 
 class RuleQuery:
-    """A rule's StreamingQuery whose `exception()` names the rule and the root cause; everything
-    else is the StreamingQuery's own."""
+    """A rule's StreamingQuery whose `exception()` names the rule and the root cause and whose
+    micro-batches are held to a time budget (`check_budget`, also while `awaitTermination`
+    waits); everything else is the StreamingQuery's own."""
 
-    def __init__(self, query: StreamingQuery, writer: AlertWriter) -> None:
+    def __init__(self, query: StreamingQuery, writer: AlertWriter, budget: str, *, once: bool) -> None:
         self._query = query
         self._writer = writer
+        self._stream_marker = not once
+        self._budget = budget
+        self._budget_s = interval_seconds(budget)
+        self._busy: tuple[float, int] | None = None  # (since, batch id before it) of the running trigger
 
     def __getattr__(self, name: str):
         return getattr(self._query, name)
+
+    def check_budget(self, now: float) -> bool:
+        """Stop the query if its running micro-batch started more than the budget before `now`
+        (monotonic seconds; called every second or so); True if it did. Under a processing-time
+        trigger, also keep the in-batch marker (RUNNING_MARKER "stream") true."""
+        marker = self._writer.marker
+        if not self._query.isActive or not self._query.status.get("isTriggerActive"):
+            self._busy = None
+            if self._stream_marker:
+                marker.unlink(missing_ok=True)
+            return False
+        if self._stream_marker and not marker.exists():
+            marker.write_text("stream")
+        last = self._query.lastProgress
+        batch = last.batchId if last is not None else -1
+        if self._busy is None or self._busy[1] != batch:
+            self._busy = (now, batch)
+            return False
+        if now - self._busy[0] <= self._budget_s:
+            return False
+        self._writer.overrun = f"a micro-batch ran over its budget of {self._budget} (rule_batch_budget)"
+        log.error("rule %s: %s; stopping it", self._writer.rule.slug, self._writer.overrun)
+        self._query.stop()
+        return True
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._query.awaitTermination(1):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self.check_budget(time.monotonic())
+        return True if timeout is not None else None
 
     def exception(self) -> BaseException | None:
         exc = self._query.exception()
@@ -167,19 +250,34 @@ def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
 
 def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, rule: Rule) -> RunningQuery:
     """Start `rule` as its own streaming query writing to the alerts table; never raises:
-    a rule that cannot start comes back as a RunningQuery whose query is a StoppedQuery.
+    a rule that cannot start comes back as a RunningQuery whose query is a StoppedQuery, with
+    the error, or with a note when its health holds it back (disabled, backing off).
 
     Used as `running = start_rule(spark, lake, settings, {"availableNow": True}, rule)`, then
     `running.query.awaitTermination()` and `running.writer.close()` (tests/test_rules_engine.py).
     """
     writer: AlertWriter | None = None
+    status = rule_status(spark, lake)
+    once = "availableNow" in trigger
+    checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+    marker = checkpoint / RUNNING_MARKER
     try:
+        if marker.is_file():
+            # A stream's marker is charged by the `seclake stream` that saw its rules application die.
+            if once and marker.read_text() == "once":
+                record_failure(status, settings, rule, DIED)
+            marker.unlink()
+        health = status.get(rule.slug, rule.content_hash)
+        if not health.may_start(utc_now()):
+            return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health)),
+                                IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
         missing = [t for t in rule.tables if not lake.exists(t)]
         if missing:
             raise MissingInputError(f"rule {rule.slug}: input table(s) {missing} do not exist yet")
-        checkpoint = lake.home.checkpoint(rule.checkpoint_name)
         check_resumable(checkpoint)
         app_id = claim_checkpoint(checkpoint, rule)
+        if once:
+            marker.write_text("once")
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
         session = rule_session(spark, streaming=True)
         marks = read_marks(session, lake)
@@ -190,21 +288,77 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                        rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
-        writer = AlertWriter(lake, rule, app_id)
+        writer = AlertWriter(lake, rule, app_id, status, settings, marker)
         # "crossed": each batch hands over the windows it changed; alert ids already written are
         # dropped by the writer, so a window's alert is written once, when first crossed.
         mode = "update" if rule.emit == "crossed" else "append"
         query = start_query(rows, rule.query_name, writer, checkpoint, trigger, output_mode=mode)
-        return RunningQuery(rule.query_name, RuleQuery(query, writer), writer, (ALERTS_TABLE,))
+        writer.query = query
+        return RunningQuery(rule.query_name, RuleQuery(query, writer, settings.rule_batch_budget, once=once),
+                            writer, (ALERTS_TABLE,))
     except Exception as exc:  # isolation: one broken rule must not stop the others
         # Missing input tables are normal until the upstream stages first commit; sync() retries
         # every few seconds, so that case is not an error (the stream reports it once).
-        (log.info if isinstance(exc, MissingInputError) else log.error)(
-            "rule %s did not start: %s", rule.slug, _first_line(exc))
+        marker.unlink(missing_ok=True)
+        if isinstance(exc, MissingInputError):
+            log.info("rule %s did not start: %s", rule.slug, _first_line(exc))
+        else:
+            log.error("rule %s did not start: %s", rule.slug, _first_line(exc))
+            record_failure(status, settings, rule, f"did not start: {error_summary(exc)}")
         if writer is not None:
             writer.close()
         return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, exc),
                             IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
+
+
+def watch_rule(running: RunningQuery, now: float) -> None:
+    """Hold a rule query to its batch budget and keep its in-batch marker (`RuleQuery.check_budget`);
+    any other query is left alone."""
+    if isinstance(running.query, RuleQuery):
+        running.query.check_budget(now)
+
+
+def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
+                     rules_dir: str | os.PathLike | None = None) -> list[str]:
+    """After the rules application died by itself: count a failure for every deployed rule that
+    was in a micro-batch (its "stream" marker is still there); return their slugs."""
+    status = rule_status(spark, lake)
+    charged = []
+    for rule in scan_rules(rules_dir or default_rules_dir()).rules:
+        marker = lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER
+        if marker.is_file() and marker.read_text() == "stream":
+            record_failure(status, settings, rule, DIED)
+            marker.unlink()
+            charged.append(rule.slug)
+    return charged
+
+
+def clear_in_flight(lake: Lake) -> None:
+    """Remove the "stream" markers a rules application killed together with its parent left:
+    a killed `seclake stream` charges no rule."""
+    for marker in lake.home.checkpoints.glob(f"rule_*/**/{RUNNING_MARKER}"):
+        if marker.read_text() == "stream":
+            marker.unlink(missing_ok=True)
+
+
+def record_failure(status: RuleStatus, settings: Settings, rule: Rule, reason: str) -> RuleHealth:
+    """Count a run-time failure of `rule` in `rule_status`: back off, or disable it."""
+    health = status.get(rule.slug, rule.content_hash)
+    return status.put(health.failed(reason, utc_now(), max_failures=settings.rule_max_failures,
+                                    retry_s=interval_seconds(settings.rule_retry)))
+
+
+def held_back(health: RuleHealth) -> str:
+    """Why a rule is not started, for the run report.
+
+    >>> held_back(RuleHealth("bomb", "h", DISABLED, 3, "Java heap space"))
+    'disabled after 3 failure(s) in a row (Java heap space); `seclake rules enable bomb` re-enables it'
+    """
+    if health.state == DISABLED:
+        return (f"disabled after {health.failures} failure(s) in a row ({health.reason}); "
+                f"`seclake rules enable {health.rule}` re-enables it")
+    retry = f"{health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else "later"
+    return f"backing off after {health.failures} failure(s) in a row ({health.reason}); next try after {retry}"
 
 
 def invalid_rule(name: str, reason: str, content_hash: str) -> RunningQuery:
@@ -223,7 +377,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _file_hash(path: Path) -> str:
+def file_hash(path: Path) -> str:
+    """The sha256 of a rule file as deployed (its `Rule.content_hash` when it validates); "" if unreadable."""
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
@@ -242,14 +397,16 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
                     start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
               for rule in pack.rules]
     for path, reason in pack.errors.items():
-        name = query_name(path.stem)
-        stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
-                            start=functools.partial(_start_invalid, name, reason, _file_hash(path))))
+        stages.append(Stage(query_name(path.stem), reads=(), writes=(ALERTS_TABLE,),
+                            start=functools.partial(_start_invalid, path, reason)))
     return stages
 
 
-def _start_invalid(name: str, reason: str, content_hash: str, spark, lake, settings, trigger) -> RunningQuery:
-    return invalid_rule(name, reason, content_hash)
+def _start_invalid(path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
+    content_hash = file_hash(path)
+    status = rule_status(spark, lake)
+    status.put(status.get(path.stem, content_hash).invalid(reason))
+    return invalid_rule(query_name(path.stem), reason, content_hash)
 
 
 @dataclass
@@ -261,10 +418,12 @@ class SyncResult:
     # Rules started again after waiting for their input tables to exist.
     retried: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    # Rules whose query failed or ran over budget: counted in rule_status, held back or disabled.
+    failed: list[str] = field(default_factory=list)
     invalid: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.started or self.restarted or self.retried or self.stopped)
+        return bool(self.started or self.restarted or self.retried or self.stopped or self.failed)
 
 
 class RuleManager:
@@ -277,7 +436,10 @@ class RuleManager:
     - a removed file: its query stops;
     - a file that no longer validates: the running version keeps running, the error is
       logged once per content;
-    - a rule that could not start because an input table did not exist yet: retried.
+    - a rule that could not start because an input table did not exist yet: retried;
+    - a rule whose query failed or whose batch ran over budget: counted in `rule_status`,
+      retried once its back-off has passed, left stopped once disabled (until
+      `seclake rules enable` or an edit of its file).
 
     Queries that are not rules (their writer is not a rule's) are never touched. `jobs.stream`
     calls `sync` every few seconds with the queries it runs.
@@ -295,12 +457,26 @@ class RuleManager:
         valid = pack.by_slug()
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
+        now = time.monotonic()
+        for name, ran in list(current.items()):
+            writer = ran.writer
+            if not isinstance(ran.query, RuleQuery) or not isinstance(writer, AlertWriter):
+                continue
+            ran.query.check_budget(now)
+            if not ran.query.isActive and writer.rule.slug in valid:
+                writer.close()  # records the failure (or the overrun) in rule_status
+                if ran.query.exception() is not None or writer.overrun:
+                    result.failed.append(name)
+                replacement = start_rule(spark, lake, settings, trigger, valid[writer.rule.slug])
+                running[running.index(ran)] = replacement
+                current[name] = replacement
+        status = rule_status(spark, lake)
         for rule in valid.values():
             entry = current.get(rule.query_name)
             if entry is None:
                 running.append(start_rule(spark, lake, settings, trigger, rule))
                 result.started.append(rule.query_name)
-            elif _content_hash(entry) != rule.content_hash or _retryable(entry):
+            elif _content_hash(entry) != rule.content_hash or _retryable(entry, status):
                 retry = _content_hash(entry) == rule.content_hash
                 stop_rule(entry)
                 running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
@@ -314,7 +490,9 @@ class RuleManager:
             result.stopped.append(name)
         for name, (path, reason) in invalid.items():
             result.invalid[name] = reason
-            digest = _file_hash(path)
+            digest = file_hash(path)
+            if name not in current:
+                status.put(status.get(path.stem, digest).invalid(reason))
             if self._logged.get(path) != digest:
                 self._logged[path] = digest
                 kept = " (its running version keeps running)" if name in current else ""
@@ -333,5 +511,12 @@ def _content_hash(entry: RunningQuery) -> str:
     return getattr(entry.writer, "content_hash", "")
 
 
-def _retryable(entry: RunningQuery) -> bool:
-    return isinstance(entry.query, StoppedQuery) and isinstance(entry.query.error, MissingInputError)
+def _retryable(entry: RunningQuery, status: RuleStatus) -> bool:
+    """A held-back rule whose back-off passed (or that was re-enabled), or one waiting for its tables."""
+    if not isinstance(entry.query, StoppedQuery):
+        return False
+    if isinstance(entry.query.error, MissingInputError):
+        return True
+    rule = getattr(entry.writer, "rule", None)
+    return (entry.query.note is not None and rule is not None
+            and status.get(rule.slug, rule.content_hash).may_start(utc_now()))

@@ -8,16 +8,17 @@ from pyspark.sql.types import StructType
 from pipelines.lake.registry import Lake
 
 ALERTS_TABLE = "alerts"
+RULE_STATUS_TABLE = "rule_status"
 
 
 def readable_tables() -> dict[str, StructType]:
-    """Every table a rule may read, name -> schema: the registry's tables except `alerts`
-    (rules read events, not alerts).
+    """Every table a rule may read, name -> schema: the registry's tables except `alerts` and
+    `rule_status` (rules read events, not alerts or their own health).
 
     >>> "enriched_dns" in readable_tables() and "alerts" not in readable_tables()
     True
     """
-    return {name: Lake.spec(name).schema for name in Lake.names() if name != ALERTS_TABLE}
+    return {name: Lake.spec(name).schema for name in Lake.names() if name not in (ALERTS_TABLE, RULE_STATUS_TABLE)}
 
 
 def table_schema(name: str) -> StructType:

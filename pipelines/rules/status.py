@@ -1,0 +1,127 @@
+"""The `rule_status` table: each rule's health (pipelines/rules/health.py), kept in the lake.
+
+Every runner (run-once, stream, Dagster) reads a rule's health before starting it and appends a
+row when it changes, so a rule disabled by the stream stays disabled for the next run-once and
+`seclake rules enable` in another process is seen by the stream within a sync. Disabling a rule
+also appends a platform alert (rule_id `seclake.rule_disabled`) to `alerts`, where analysts
+look.
+
+Status rows are plain appends, not exactly-once batches: a repeated row says the same thing
+again, and a rule's newest row wins.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pyspark.sql import SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+from pipelines.lake.sink import delta_errors
+from pipelines.rules.health import DISABLED, RuleHealth
+from pipelines.rules.tables import ALERTS_TABLE, RULE_STATUS_TABLE
+
+log = logging.getLogger("seclake.rules")
+
+PLATFORM_RULE_ID = "seclake.rule_disabled"
+
+
+def utc_now() -> datetime:
+    """Now, timezone-aware UTC: health compares and stores aware times."""
+    return datetime.now(timezone.utc)
+
+
+def _log_version(path: Path) -> int:
+    """The newest commit of a local table, from its log folder's file names (-1: no table)."""
+    names = [p.name for p in (path / "_delta_log").glob("*.json") if p.name[:20].isdigit()]
+    return max((int(n[:20]) for n in names), default=-1)
+
+
+class RuleStatus:
+    """The health of every rule of one lake, cached until `rule_status` gets a new commit.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     status = RuleStatus(spark, Lake(Home.resolve(tmp)))
+    ...     h = status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0)
+    ...     status.put(h)
+    ...     RuleStatus(spark, Lake(Home.resolve(tmp))).get("r", "hash").state
+    'disabled'
+    """
+
+    def __init__(self, spark: SparkSession, lake: Lake) -> None:
+        self.spark = spark
+        self.lake = lake
+        self._version = -2
+        self._health: dict[str, RuleHealth] = {}
+
+    def all(self) -> dict[str, RuleHealth]:
+        """rule -> its newest health, whatever file it was about."""
+        path = self.lake.path(RULE_STATUS_TABLE)
+        version = _log_version(path)
+        if version != self._version:
+            self._health = self._load() if version >= 0 else {}
+            self._version = version
+        return dict(self._health)
+
+    def get(self, rule: str, content_hash: str) -> RuleHealth:
+        """The health of `rule` as deployed now (the file with `content_hash`)."""
+        found = self.all().get(rule)
+        return found.for_file(content_hash) if found else RuleHealth.fresh(rule, content_hash)
+
+    def put(self, health: RuleHealth) -> RuleHealth:
+        """Record `health` unless it is what the table already says; return it."""
+        before = self.all().get(health.rule)
+        if before == health or (before is None and health == RuleHealth.fresh(health.rule, health.content_hash)):
+            return health
+        now = utc_now()
+        self.lake.ensure(self.spark, RULE_STATUS_TABLE)
+        row: tuple = (health.rule, health.content_hash, health.state, health.failures, health.reason,
+                      health.retry_at, now)
+        frame = self.spark.createDataFrame([row], self.lake.spec(RULE_STATUS_TABLE).schema)
+        with delta_errors(RULE_STATUS_TABLE):
+            frame.write.format("delta").mode("append").save(str(self.lake.path(RULE_STATUS_TABLE)))
+        self._health[health.rule] = health
+        self._version = _log_version(self.lake.path(RULE_STATUS_TABLE))
+        if health.state == DISABLED and (before is None or before.state != DISABLED):
+            log.error("rule %s disabled after %d failure(s) in a row: %s; `seclake rules enable %s` re-enables it",
+                      health.rule, health.failures, health.reason, health.rule)
+            self._platform_alert(health, now)
+        return health
+
+    def _load(self) -> dict[str, RuleHealth]:
+        rows = self.lake.read(self.spark, RULE_STATUS_TABLE)
+        newest = Window.partitionBy("rule").orderBy(F.col("changed_at").desc())
+        found = rows.withColumn("_n", F.row_number().over(newest)).where("_n = 1").collect()
+        return {r.rule: RuleHealth(r.rule, r.content_hash, r.state, r.failures, r.reason,
+                                   r.retry_at.astimezone(timezone.utc) if r.retry_at else None)
+                for r in found}
+
+    def _platform_alert(self, health: RuleHealth, now: datetime) -> None:
+        """An alert in `alerts` saying which rule stopped detecting and why."""
+        self.lake.ensure(self.spark, ALERTS_TABLE)
+        alert_id = hashlib.sha256(f"{PLATFORM_RULE_ID}\x1f{health.rule}\x1f{now.isoformat()}".encode()).hexdigest()[:32]
+        details = json.dumps({"rule": health.rule, "failures": health.failures, "reason": health.reason})
+        alert: tuple = (alert_id, PLATFORM_RULE_ID, f"Rule disabled: {health.rule}", 1, "high", [],
+                        None, None, None, None, now, now, now, now,
+                        f"rule {health.rule} stopped detecting: {health.reason}", details, now, now.date())
+        frame = self.spark.createDataFrame([alert], self.lake.spec(ALERTS_TABLE).schema)
+        with delta_errors(ALERTS_TABLE):
+            (frame.write.format("delta").mode("append").partitionBy("event_date")
+             .save(str(self.lake.path(ALERTS_TABLE))))
+
+
+_STATUS: dict[str, RuleStatus] = {}
+
+
+def rule_status(spark: SparkSession, lake: Lake) -> RuleStatus:
+    """The RuleStatus of `lake` for this process (one cache per home)."""
+    key = str(lake.home.root)
+    if key not in _STATUS or _STATUS[key].spark is not spark:
+        _STATUS[key] = RuleStatus(spark, lake)
+    return _STATUS[key]

@@ -1,0 +1,161 @@
+"""Run-time isolation of rules: a rule that fails, runs over its batch budget or dies with the
+Spark application is counted in `rule_status`, backed off, disabled with a platform alert, and
+re-enabled by one command; the other rules' alerts are untouched."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from assets.resources import LakeResource, SparkResource
+from assets.rules import rule_enabled_check
+from pipelines.cli import main
+from pipelines.home import Home
+from pipelines.lake.registry import Lake
+from pipelines.query import StoppedQuery
+from pipelines.rules.engine import DIED, RUNNING_MARKER, RuleManager, stop_rule
+from pipelines.rules.health import DISABLED, FAILING, INVALID, OK
+from pipelines.rules.spec import validate_rule
+from pipelines.rules.status import PLATFORM_RULE_ID, RULE_STATUS_TABLE, RuleStatus, utc_now
+from pipelines.settings import Settings
+from test_rules_engine import DGA, HOST_A, append, dga_burst, run_all, wait_for
+
+QUICK = Settings().with_overrides({"rule_retry": "30 seconds", "rule_max_failures": "2"})
+
+
+def casting_rule(tmp_path: Path) -> Path:
+    """The DGA rule turned into one that fails at run time (ANSI CAST of a domain name to INT)."""
+    path = tmp_path / "rules" / "casts_names_to_int.sql"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = DGA.read_text().replace("f6097087-51a0-4890-829e-23f828e73b08", "0f6d1b7a-5c6e-4b8a-9a62-0c4a5e0f1d21")
+    path.write_text(text.replace("lower(query) AS name,", "CAST(query AS INT) AS name,"))
+    return path
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    return lake
+
+
+def states(spark, lake: Lake, rule: str) -> list[str]:
+    rows = lake.read(spark, RULE_STATUS_TABLE).where(f"rule = '{rule}'").orderBy("changed_at").collect()
+    return [r.state for r in rows]
+
+
+def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_enabled(spark, tmp_path, lake):
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
+                                            {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+    bad_file = casting_rule(tmp_path)
+    bad, good = validate_rule(bad_file), validate_rule(DGA)
+
+    first = {r.name: r for r in run_all(spark, lake, [bad, good], QUICK)}
+    assert "CAST_INVALID_INPUT" in (first["rule_casts_names_to_int"].error or "")
+    assert first["rule_dga_nxdomain_burst"].rows_out == {"alerts": 1}
+    assert RuleStatus(spark, lake).get(bad.slug, bad.content_hash).state == FAILING
+
+    # Within its back-off the rule is held back, with the reason; after it, retried and disabled.
+    held = run_all(spark, lake, [bad], QUICK)[0]
+    assert held.error is None and held.note.startswith("backing off after 1 failure(s) in a row"), held.line()
+    retry_at = RuleStatus(spark, lake).get(bad.slug, bad.content_hash).retry_at
+    time.sleep(max(0.0, (retry_at - utc_now()).total_seconds()) + 0.5)
+    second = run_all(spark, lake, [bad], QUICK)[0]
+    assert "CAST_INVALID_INPUT" in (second.error or "")
+    health = RuleStatus(spark, lake).get(bad.slug, bad.content_hash)
+    assert (health.state, health.failures) == (DISABLED, 2) and "CAST_INVALID_INPUT" in health.reason
+    assert states(spark, lake, bad.slug) == [FAILING, DISABLED]
+    disabled = run_all(spark, lake, [bad], QUICK)[0]
+    assert disabled.error is None and disabled.note.startswith("disabled after 2 failure(s) in a row"), disabled.line()
+
+    # One platform alert says which rule stopped detecting; the DGA alert is still the only other one.
+    rows = lake.read(spark, "alerts").collect()
+    platform = [a for a in rows if a.rule_id == PLATFORM_RULE_ID]
+    assert len(platform) == 1 and platform[0].rule_name == "Rule disabled: casts_names_to_int"
+    assert platform[0].severity == "high" and "CAST_INVALID_INPUT" in platform[0].evidence
+    assert [a.rule_id for a in rows if a.rule_id != PLATFORM_RULE_ID] == [good.id]
+
+    # Dagster's `rule_enabled` check on the rule's asset fails, naming the reason.
+    check = rule_enabled_check(bad)(spark=SparkResource(ui=False), lake=LakeResource(home=str(lake.home.root)))
+    assert not check.passed and check.metadata["state"].value == DISABLED and "CAST_INVALID_INPUT" in check.description
+
+    # `seclake rules status` exits 1 while a rule is disabled; `enable` brings it back, once.
+    home = ["--home", str(lake.home.root), "--rules", str(bad_file.parent)]
+    assert main(["rules", "status", *home]) == 1
+    assert main(["rules", "enable", bad.slug, *home]) == 0
+    assert RuleStatus(spark, lake).get(bad.slug, bad.content_hash).state == OK
+    assert main(["rules", "status", *home]) == 0
+    again = run_all(spark, lake, [bad], QUICK)[0]
+    assert "CAST_INVALID_INPUT" in (again.error or "")  # it runs (and fails) again
+
+    # Editing the file is a new deploy: whatever the old content did, the new one starts fresh.
+    bad_file.write_text(bad_file.read_text().replace("version: 2", "version: 3"))
+    assert RuleStatus(spark, lake).get(bad.slug, validate_rule(bad_file).content_hash).state == OK
+
+
+def test_a_batch_over_its_budget_is_stopped_and_counted(spark, tmp_path, lake):
+    append(spark, lake, "enriched_dns", 0, [{"event_time": "2026-11-20 12:00:00", "repeat": 400, "every": "1 second",
+                                             "query": "host{i}.example.com"}], HOST_A)
+    # Valid under the static limits (one literal sequence of 100,000), but 100,000 SHA-512s per row.
+    slow = validate_rule(DGA.read_text().replace("f6097087-51a0-4890-829e-23f828e73b08",
+                                                 "5a0b7c1e-2d3f-4e5a-8b9c-0d1e2f3a4b5c")
+                         .replace("AND query LIKE '%.%'",
+                                  "AND aggregate(sequence(1, 100000), 0L, "
+                                  "(acc, x) -> acc + length(sha2(concat(query, x), 512))) > 0"),
+                         slug="slow_rule")
+    settings = QUICK.with_overrides({"rule_batch_budget": "3 seconds"})
+    started = time.monotonic()
+    rep = run_all(spark, lake, [slow], settings)[0]
+    assert time.monotonic() - started < 120
+    health = RuleStatus(spark, lake).get(slow.slug, slow.content_hash)
+    assert health.state == FAILING and "ran over its budget of 3 seconds" in health.reason, rep.line()
+
+
+def test_a_rule_the_application_died_in_is_charged_at_its_next_start(spark, tmp_path, lake):
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    rule = validate_rule(DGA)
+    checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / RUNNING_MARKER).write_text("once")  # what a run-once killed inside this rule leaves behind
+    rep = run_all(spark, lake, [rule], QUICK)[0]
+    health = RuleStatus(spark, lake).get(rule.slug, rule.content_hash)
+    assert (health.state, health.reason) == (FAILING, DIED) and rep.note.startswith("backing off")
+    assert not (checkpoint / RUNNING_MARKER).exists()
+    time.sleep(max(0.0, (health.retry_at - utc_now()).total_seconds()) + 0.5)
+    rep = run_all(spark, lake, [rule])[0]
+    assert rep.rows_out == {"alerts": 1} and not (checkpoint / RUNNING_MARKER).exists()
+    assert RuleStatus(spark, lake).get(rule.slug, rule.content_hash).state == OK  # a good batch clears it
+
+
+def test_the_stream_retries_a_failing_rule_then_disables_it_and_records_invalid_files(spark, tmp_path, lake):
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
+                                            {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+    bad_file = casting_rule(tmp_path)
+    (bad_file.parent / DGA.name).write_text(DGA.read_text())
+    (bad_file.parent / "bomb.sql").write_text(DGA.read_text().replace("lower(query) AS name,",
+                                                                      "sequence(1, 2000000000) AS name,"))
+    manager = RuleManager(bad_file.parent)
+    trigger = {"processingTime": "1 second"}
+    running: list = []
+    failed: list[str] = []
+    try:
+        first = manager.sync(spark, lake, QUICK, trigger, running)
+        assert sorted(first.started) == ["rule_casts_names_to_int", "rule_dga_nxdomain_burst"]
+        assert "sequence" in first.invalid["rule_bomb"]
+
+        def disabled() -> bool:
+            failed.extend(manager.sync(spark, lake, QUICK, trigger, running).failed)
+            return RuleStatus(spark, lake).get("casts_names_to_int", validate_rule(bad_file).content_hash).state \
+                == DISABLED
+
+        assert wait_for(disabled, 180)
+        assert failed.count("rule_casts_names_to_int") == 2
+        entry = next(r for r in running if r.name == "rule_casts_names_to_int")
+        assert isinstance(entry.query, StoppedQuery) and entry.query.note.startswith("disabled")
+        good = next(r for r in running if r.name == "rule_dga_nxdomain_burst")
+        assert good.query.isActive
+        assert states(spark, lake, "bomb") == [INVALID]
+        assert wait_for(lambda: any(a.rule_name.startswith("DGA") for a in lake.read(spark, "alerts").collect()))
+    finally:
+        for r in running:
+            stop_rule(r)
