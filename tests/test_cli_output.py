@@ -1,0 +1,94 @@
+"""What `seclake run-once` and `seclake sql` print, run as a user runs them (a subprocess, output
+piped): seclake's own lines only, no JVM, log4j, Spark or Python-worker chatter, in plain form
+(no escape codes: the output is not a terminal)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.query import REPORT_COLUMNS
+from pipelines.stages import stages
+from sample_data.generator import generate
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What the JVM, log4j, Spark and PySpark's Python workers print when nothing quiets them.
+CHATTER = re.compile("|".join([
+    r"WARNING: Using incubator modules",
+    r"Setting default log level",
+    r"To adjust logging level",
+    r"setLogLevel",
+    r"log4j",
+    r"SLF4J",
+    r"^\d{2}/\d{2}/\d{2} \d{2}:\d{2}:\d{2} (INFO|WARN|ERROR)",  # log4j's console pattern
+    r"\b(INFO|WARN|WARNING|ERROR)\b.*\b(org\.apache|spark|Spark|Executor|TaskSetManager)",
+    r"NativeCodeLoader",
+    r"Python worker",
+    r"Received UDF",
+    r"^\s+at [\w.$]+\(",  # a Java stack frame
+    r"py4j",
+    r"\x1b\[",  # escape codes: none when the output is not a terminal
+]))
+
+
+def seclake(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def chatter(run: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (run.stdout + run.stderr).splitlines() if CHATTER.search(line)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """A quarter of an hour of 5 hosts, run once by the CLI."""
+    root = tmp_path_factory.mktemp("cli") / "home"
+    generate(root, hours=0.25, hosts=5, seed=7)
+    return root
+
+
+@pytest.fixture(scope="module")
+def run_once(home) -> subprocess.CompletedProcess:
+    return seclake("run-once", "--home", str(home))
+
+
+def test_patterns_catch_the_chatter_they_are_for():
+    for line in ["WARNING: Using incubator modules: jdk.incubator.vector",
+                 'Setting default log level to "WARN".',
+                 "25/11/20 10:00:00 WARN NativeCodeLoader: Unable to load native-hadoop library",
+                 "Streaming TransformWithStateInPandas Python worker Received UDF from JVM",
+                 "\tat org.apache.spark.sql.Dataset.show(Dataset.scala:1)"]:
+        assert CHATTER.search(line), line
+    assert not CHATTER.search("etl: 1 batch, 4 files, 5,300 data lines in -> silver_dns=1,797 in 25.8s")
+
+
+def test_run_once_prints_a_line_per_stage_then_the_report_table(home, run_once):
+    assert run_once.returncode == 0, run_once.stderr[-3000:]
+    assert chatter(run_once) == []
+    names = [s.name for s in stages()]
+    err = run_once.stderr.splitlines()
+    assert err[0] == f"seclake run-once: home {home}"
+    assert len(err) == 1 + len(names)
+    for k, (line, name) in enumerate(zip(err[1:], names), start=1):
+        assert line.startswith(f"run-once [{k}/{len(names)}] {name}: "), line
+    assert re.fullmatch(r"run-once \[1/\d+\] etl: 1 batch, 4 files, [\d,]+ data lines in -> .* in \d+\.\ds", err[1])
+    out = run_once.stdout.splitlines()
+    assert out[0].split() == list(REPORT_COLUMNS) and set(out[1]) == {"-"}
+    assert [line.split()[0] for line in out[2:]] == names
+    assert re.match(r"etl +1 +4 files, [\d,]+ data lines +quarantine=", out[2]), out[2]
+
+
+def test_sql_prints_the_result_and_nothing_else(home, run_once):
+    assert run_once.returncode == 0
+    run = seclake("sql", "--home", str(home), "SELECT count(*) AS n FROM silver_dns WHERE source = 'zeek'")
+    assert run.returncode == 0, run.stderr
+    assert chatter(run) == []
+    assert run.stderr == ""
+    lines = run.stdout.splitlines()
+    assert [lines[0], lines[1], lines[3]] == ["n", "---", "(1 row)"] and len(lines) == 4
+    assert int(lines[2].replace(",", "")) > 0
