@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import build_parser
-from pipelines.rules.backtest import Incident, load_ground_truth, parse_when, rule_at_revision, score
+from pipelines.rules.backtest import Backtest, Incident, load_ground_truth, parse_when, rule_at_revision, score
+from pipelines.rules.spec import validate_rule
 
 RULES = Path(__file__).resolve().parents[1] / "rules"
 UTC = timezone.utc
@@ -84,3 +85,19 @@ def test_rules_list_and_validate_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ok      " in out and "INVALID " in out and "bad.sql: unknown metadata field" not in out
     assert "bad.sql: metadata field(s)" in out
+
+
+def test_report_prints_aligned_tables():
+    alerts = [dict(alert("13:40", "13:50", "10.0.1.14", "f4:8e:38:02:83:59"), device="laptop-with-a-long-name",
+                   owner="ana", evidence="x") for _ in range(2)]
+    alerts.append(dict(alert("18:30", "18:40", "10.0.1.20", None), device=None, owner=None, evidence="y"))
+    result = Backtest(validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql"), None, None, alerts,
+                      scores=score(alerts, INCIDENTS[:2]))
+    lines = result.lines()
+    assert lines[0] == f"dga_nxdomain_burst v{result.rule.version} (medium) over start .. end: 3 alerts"
+    table = next(block for block in lines if block.startswith("src_ip")).splitlines()
+    assert table[0].split() == ["src_ip", "mac", "device", "owner", "alerts"]
+    assert table[2].split() == ["10.0.1.14", "f4:8e:38:02:83:59", "laptop-with-a-long-name", "ana", "2"]
+    assert table[3].split() == ["10.0.1.20", "-", "-", "-", "1"]
+    assert len(table[2]) == len(table[3])  # counts end in the same column
+    assert any(line.split() == ["dga", "1", "1"] for block in lines for line in block.splitlines())
