@@ -42,9 +42,10 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     lake = _lake(args)
     settings = _settings(args)
     print(f"seclake run-once: home {lake.home.root}", file=sys.stderr)
-    with Progress("run-once", total=len([s for s in stages() if not args.only or s.name in args.only])) as progress:
+    with Progress("run-once", steps=[s.name for s in stages() if not args.only or s.name in args.only]) as progress:
         progress.working_on("starting Spark")
         spark = get_spark(app_name="seclake-run-once")
+        progress.working_on()
         reports = run_once(spark, lake, settings, only=args.only or None, on_report=lambda r: progress.step(r.line()))
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     return 1 if any(r.error for r in reports) else 0

@@ -32,10 +32,11 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
             manifest = generate(home.root, hours=hours, hosts=hosts, seed=seed, progress=progress.step)
         print(done_line(manifest, home.root, time.monotonic() - started), file=sys.stderr)
     print("[2/3] running every stage once (Trigger.AvailableNow)", file=sys.stderr)
-    with Progress("run-once", total=len(stages())) as progress:
+    with Progress("run-once", steps=[s.name for s in stages()]) as progress:
         progress.working_on("starting Spark")
         spark = get_spark(app_name="seclake-demo")
         lake = Lake(home)
+        progress.working_on()
         reports = run_once(spark, lake, on_report=lambda r: progress.step(r.line()))
     print("[3/3] summary", file=sys.stderr)
     print_table(REPORT_COLUMNS, [r.cells() for r in reports], title="stages")

@@ -97,7 +97,8 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]], title:
 class Progress:
     """Progress of long work, on stderr: a live bar on a terminal, else one plain line per step.
 
-    `label` names the work ('run-once'); `total` is the number of steps, None when unknown.
+    `label` names the work ('run-once'); `total` is the number of steps, None when unknown; or
+    `steps` names them in order, and the bar says which one runs (`working_on()`).
 
     >>> out = StringIO()
     >>> with Progress("maintain", total=2, stream=out) as progress:
@@ -106,9 +107,11 @@ class Progress:
     'maintain [1/2] silver_dns compacted\\n'
     """
 
-    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None,
+                 steps: Sequence[str] = ()) -> None:
         self.label = label
-        self.total = total
+        self.steps = list(steps)
+        self.total = len(self.steps) if self.steps else total
         self.done = 0
         self.stream = stream or sys.stderr
         self._bar: RichProgress | None = None
@@ -129,9 +132,12 @@ class Progress:
             self._bar.stop()
             self._bar = None
 
-    def working_on(self, what: str) -> None:
-        """Say what the next step is (shown on the bar; no plain line, the step's own line follows)."""
-        if self._bar is not None and self._task is not None:
+    def working_on(self, what: str | None = None) -> None:
+        """Say what runs now (shown on the bar; no plain line, the step's own line follows);
+        None: the next of `steps`."""
+        if what is None and self.done < len(self.steps):
+            what = f"running {self.steps[self.done]}"
+        if self._bar is not None and self._task is not None and what is not None:
             self._bar.update(self._task, description=what)
 
     def step(self, message: str) -> None:
@@ -139,6 +145,8 @@ class Progress:
         self.done += 1
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, advance=1, description=message)
+            if self.done < len(self.steps):
+                self.working_on()
             return
         count = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
         print(f"{self.label} [{count}] {message}", file=self.stream, flush=True)

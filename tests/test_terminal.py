@@ -8,6 +8,7 @@ import re
 import select
 import subprocess
 import sys
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -84,3 +85,32 @@ def test_generate_on_a_terminal_draws_a_live_bar(tmp_path):
     assert ESCAPE.search(text), "no cursor or colour codes: the live bar was not drawn"
     assert "generate [1/2]" not in text  # the plain fallback was not used
     assert "generated " in text
+
+
+def _read_all(fd: int) -> str:
+    seen = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen.decode("utf-8", "replace")
+
+
+def test_live_bar_names_the_step_that_runs():
+    leader, follower = pty.openpty()
+    with open(follower, "w", encoding="utf-8") as terminal:
+        with Progress("run-once", steps=["etl", "dhcp_leases"], stream=terminal) as progress:
+            progress.working_on("starting Spark")
+            time.sleep(0.3)  # rich redraws ten times a second
+            progress.working_on()
+            time.sleep(0.3)
+            progress.step("etl: done")
+            time.sleep(0.3)
+        text = _read_all(leader)
+    os.close(leader)
+    assert "starting Spark" in text and "running etl" in text and "running dhcp_leases" in text
+    assert "run-once [1/2]" not in text
