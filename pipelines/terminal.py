@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
-from rich.table import Table
+from rich.table import Column, Table
 
 # A header rule of '-' and nothing else: readable in any log viewer, no box-drawing characters.
 _HEAD_RULE = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
@@ -119,8 +119,12 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if interactive(self.stream):
-            self._bar = RichProgress(SpinnerColumn(), TextColumn("[bold]{task.fields[label]}"), BarColumn(),
-                                     MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+            # The label and counts keep their width; a long step message is cut, not wrapped.
+            self._bar = RichProgress(SpinnerColumn(), TextColumn("[bold]{task.fields[label]}",
+                                                                 table_column=Column(no_wrap=True)),
+                                     BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                     TextColumn("{task.description}", markup=False,
+                                                table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
                                      console=_console(self.stream), transient=True)
             self._bar.start()
             self._task = self._bar.add_task("", total=self.total, label=self.label)
