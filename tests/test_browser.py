@@ -208,11 +208,11 @@ def test_asset_graph_shows_every_table_and_rule_asset(dagster_ui, browser):
 
     def labels() -> list[str] | None:
         # The graph renders only the nodes near the viewport: zoom out until every node is inside it.
-        nodes = browser.execute_script(
-            "return [...document.querySelectorAll('svg foreignObject:not(.group)')].map(e => {"
-            " const r = e.getBoundingClientRect(); return [e.innerText.trim(),"
-            " r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth]; })")
-        found = [label for label, inside in nodes if label and inside]
+        nodes = browser.find_elements(By.CSS_SELECTOR, "svg foreignObject:not(.group)")
+        inside = browser.execute_script(
+            "return arguments[0].map(e => { const r = e.getBoundingClientRect();"
+            " return r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth; })", nodes)
+        found = [node.text for node, seen in zip(nodes, inside) if seen and node.text]
         if len(found) >= len(keys):
             return found
         zoom_out.click()
