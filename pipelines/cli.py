@@ -60,12 +60,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
     lake = _lake(args)
     spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream")
     settings = _settings(args)
-    print(f"seclake stream: home {lake.home.root}, trigger every {settings.trigger_interval}; Ctrl-C to stop",
+    name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
+    print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; Ctrl-C to stop",
           file=sys.stderr)
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
                      report_every=args.report_every, only=args.only)
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
-    print("seclake stream: stopped cleanly", file=sys.stderr)
+    print(f"{name}: stopped cleanly", file=sys.stderr)
     return 0
 
 
