@@ -93,8 +93,11 @@ def check_table_name(table: exp.Table) -> None:
 def check_tokens(tokens: list[Token]) -> None:
     """The same policy for a statement sqlglot cannot parse, from its tokens: conservative, since a
     column named like an escape function is refused too; Spark rejects the syntax in most cases anyway."""
+    describe = bool(tokens) and tokens[0].token_type.name == "DESCRIBE"
     for token in tokens:
         kind, text = token.token_type.name, token.text
+        if describe and kind == "STRING" and ("/" in text or ":" in text):  # Delta's DESCRIBE DETAIL '/path'
+            raise SandboxError(f"file-path read '{text}' is not allowed; read seclake tables by name")
         if kind in ("VAR", "IDENTIFIER") and text.lower() in ESCAPE_FUNCTIONS:
             raise SandboxError(f"function {text.lower()}() is not allowed: it {ESCAPE_FUNCTIONS[text.lower()]}")
         if kind == "IDENTIFIER" and ("/" in text or ":" in text):

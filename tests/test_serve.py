@@ -45,8 +45,9 @@ HOSTILE_OVER_JDBC: list[tuple[str, str]] = [
     ("RESTORE TABLE silver_dns TO VERSION AS OF 0", "is not allowed: this endpoint only reads"),
     ("CACHE TABLE silver_dns", "is not allowed: this endpoint only reads"),
     ("DELETE FROM silver_dns", "is not allowed: this endpoint only reads"),
-    ("DESCRIBE HISTORY '/tmp'", "XX"),
-    ("DESCRIBE DETAIL delta.`/tmp`", "XX"),
+    ("DESCRIBE HISTORY '/tmp'", "UnresolvedPathBasedDeltaTable is not allowed"),
+    ("DESCRIBE DETAIL delta.`/tmp`", "table delta./tmp is not allowed"),
+    ("DESCRIBE DETAIL '/tmp'", "UnresolvedPathBasedTable is not allowed"),
 ]
 
 
@@ -58,14 +59,15 @@ def _free_port() -> int:
 
 def beeline(url: str, *statements: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     """Run statements with beeline (the Hive JDBC client pyspark ships), going on after an error; result rows
-    as CSV on stdout (beeline's prompts removed), errors on stderr."""
+    as CSV on stdout (beeline's prompts and blank lines removed), errors on stderr."""
     script = tmp / "statements.sql"
     script.write_text("".join(f"{s};\n" for s in statements))
     done = subprocess.run(
         ["java", "-cp", f"{PYSPARK_JARS}/*", "org.apache.hive.beeline.BeeLine", "-u", url, "-n", "analyst",
          "--outputformat=csv2", "--showHeader=false", "--silent=true", "--force=true", "-f", str(script)],
         capture_output=True, text=True, timeout=300)
-    done.stdout = re.sub(r"\d+: jdbc:hive2://\S+> ?", "", done.stdout).strip()
+    rows = re.sub(r"\d+: jdbc:hive2://\S+> ?", "", done.stdout).splitlines()
+    done.stdout = "\n".join(row for row in rows if row.strip())
     return done
 
 

@@ -40,6 +40,8 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("text_path_in_join", "SELECT * FROM silver_dns d JOIN text.`/etc/passwd` p ON true", "file-path read text."),
     ("delta_path", "SELECT count(*) FROM delta.`/tmp/home/tables/alerts`", "file-path read delta."),
     ("backquoted_path", "SELECT * FROM `/etc/passwd`", "file-path read `/etc/passwd`"),
+    ("describe_detail_path", "DESCRIBE DETAIL '/tmp/home/tables/alerts'", "file-path read '/tmp/home/tables/alerts'"),
+    ("describe_history_path", "DESCRIBE HISTORY delta.`/tmp/home/tables/alerts`", "file-path read `/tmp/home"),
     ("read_files", "SELECT * FROM read_files('/etc/passwd', format => 'text')", "function read_files() is not allowed"),
     ("identifier_clause", "SELECT * FROM IDENTIFIER('parquet.`/etc`')", "function identifier() is not allowed"),
     ("transform_using", "SELECT TRANSFORM(query) USING '/bin/sh -c id' AS (x) FROM silver_dns",

@@ -15,7 +15,10 @@ import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.TableIdentifier;
 import org.apache.spark.sql.catalyst.analysis.UnresolvedFunction;
 import org.apache.spark.sql.catalyst.analysis.UnresolvedRelation;
+import org.apache.spark.sql.catalyst.analysis.UnresolvedTable;
+import org.apache.spark.sql.catalyst.analysis.UnresolvedTableOrView;
 import org.apache.spark.sql.catalyst.analysis.UnresolvedTableValuedFunction;
+import org.apache.spark.sql.catalyst.analysis.UnresolvedView;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.SubqueryExpression;
 import org.apache.spark.sql.catalyst.parser.ParameterContext;
@@ -193,8 +196,15 @@ public final class SqlSandbox extends AbstractFunction1<SparkSessionExtensions, 
       if (command && !allowCommand) {
         throw new Refused(name + " is not allowed: this endpoint only reads (queries, DESCRIBE, SHOW, USE, EXPLAIN)");
       }
+      // Every way a statement names a table: FROM/JOIN, and the targets of DESCRIBE and SHOW.
       if (plan instanceof UnresolvedRelation) {
         table(((UnresolvedRelation) plan).multipartIdentifier());
+      } else if (plan instanceof UnresolvedTableOrView) {
+        table(((UnresolvedTableOrView) plan).multipartIdentifier());
+      } else if (plan instanceof UnresolvedTable) {
+        table(((UnresolvedTable) plan).multipartIdentifier());
+      } else if (plan instanceof UnresolvedView) {
+        table(((UnresolvedView) plan).multipartIdentifier());
       }
       if (plan instanceof UnresolvedTableValuedFunction) {
         function(((UnresolvedTableValuedFunction) plan).name());
