@@ -41,7 +41,7 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("delta_path", "SELECT count(*) FROM delta.`/tmp/home/tables/alerts`", "file-path read delta."),
     ("backquoted_path", "SELECT * FROM `/etc/passwd`", "file-path read `/etc/passwd`"),
     ("describe_detail_path", "DESCRIBE DETAIL '/tmp/home/tables/alerts'", "file-path read '/tmp/home/tables/alerts'"),
-    ("describe_history_path", "DESCRIBE HISTORY delta.`/tmp/home/tables/alerts`", "file-path read `/tmp/home"),
+    ("describe_history_path", "DESCRIBE HISTORY delta.`/tmp/home/tables/alerts`", "file-path read delta.`/tmp/home"),
     ("read_files", "SELECT * FROM read_files('/etc/passwd', format => 'text')", "function read_files() is not allowed"),
     ("identifier_clause", "SELECT * FROM IDENTIFIER('parquet.`/etc`')", "function identifier() is not allowed"),
     ("transform_using", "SELECT TRANSFORM(query) USING '/bin/sh -c id' AS (x) FROM silver_dns",
