@@ -113,8 +113,12 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
         raise ValueError(f"only={only!r}: expected 'tables' or 'rules'")
     home = lake.home.create()
     if only == "rules" and running_stream(home) == os.getppid():
-        # Started by `seclake stream`, which holds the home's stream marker for both parts.
+        # Started by `seclake stream`, which holds the home's stream marker and made the tables.
         return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
+    # Each stage streams from the tables of the one before it: on a fresh home they start empty.
+    # Made here, before a rules application starts: two JVMs creating one table conflict.
+    for name in lake.names():
+        lake.ensure(spark, name, settings.checkpoint_interval)
     # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
     with stream_marker(home):
         if only is not None:
@@ -215,9 +219,6 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
     started = time.monotonic()
     parent = os.getppid()
     running: list[RunningQuery] = []
-    # Each stage streams from the tables of the one before it: on a fresh home they start empty.
-    for name in lake.names():
-        lake.ensure(spark, name, settings.checkpoint_interval)
     starters = {stage.name: stage.start for stage in table_stages(stages())} if tables else {}
     try:
         for start in starters.values():
