@@ -439,7 +439,8 @@ class RuleManager:
     - a rule that could not start because an input table did not exist yet: retried;
     - a rule whose query failed or whose batch ran over budget: counted in `rule_status`,
       retried once its back-off has passed, left stopped once disabled (until
-      `seclake rules enable` or an edit of its file).
+      `seclake rules enable` or an edit of its file);
+    - rules charged because the application died in their batch: started one at a time.
 
     Queries that are not rules (their writer is not a rule's) are never touched. `jobs.stream`
     calls `sync` every few seconds with the queries it runs.
@@ -448,6 +449,7 @@ class RuleManager:
     def __init__(self, rules_dir: str | os.PathLike | None = None) -> None:
         self.rules_dir = Path(rules_dir or default_rules_dir())
         self._logged: dict[Path, str] = {}
+        self._probing: set[str] = set()  # suspects of a dead application started, first trigger not done
 
     def sync(self, spark: SparkSession, lake: Lake, settings: Settings, trigger: dict,
              running: list[RunningQuery]) -> SyncResult:
@@ -471,13 +473,23 @@ class RuleManager:
                 running[running.index(ran)] = replacement
                 current[name] = replacement
         status = rule_status(spark, lake)
+        # Rules charged with a dead application are probed one at a time: the next starts once the
+        # one before has finished a trigger, so a second death is charged to the rule that caused it.
+        self._probing = {name for name in self._probing if name in current and _first_trigger_pending(current[name])}
         for rule in valid.values():
             entry = current.get(rule.query_name)
+            suspect = status.get(rule.slug, rule.content_hash).reason == DIED
+            if suspect and self._probing and (entry is None or _retryable(entry, status)):
+                continue
             if entry is None:
                 running.append(start_rule(spark, lake, settings, trigger, rule))
                 result.started.append(rule.query_name)
+                if suspect:
+                    self._probing.add(rule.query_name)
             elif _content_hash(entry) != rule.content_hash or _retryable(entry, status):
                 retry = _content_hash(entry) == rule.content_hash
+                if suspect:
+                    self._probing.add(rule.query_name)
                 stop_rule(entry)
                 running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
                 (result.retried if retry else result.restarted).append(rule.query_name)
@@ -504,6 +516,13 @@ class RuleManager:
             if entry.name in result.retried and not isinstance(entry.query, StoppedQuery):
                 log.warning("rules: %s started (its input tables exist now)", entry.name)
         return result
+
+
+def _first_trigger_pending(entry: RunningQuery) -> bool:
+    """A rule query that runs and has not finished a trigger since it started."""
+    query = entry.query
+    return isinstance(query, RuleQuery) and query.isActive and (
+        query.lastProgress is None or bool(query.status.get("isTriggerActive")))
 
 
 def _content_hash(entry: RunningQuery) -> str:
