@@ -974,9 +974,10 @@ def _bad_rules(folder: Path) -> dict[str, str]:
     variant("cross_join", "    FROM enriched_dns\n    WHERE rcode_name",
             "    FROM enriched_dns JOIN (SELECT event_time AS t FROM enriched_conn) c\n"
             "      ON enriched_dns.event_time > c.t\n    WHERE rcode_name")
-    variant("casts_names", "lower(query) AS name,", "CAST(query AS INT) AS name,")
+    variant("casts_names", "WHERE rcode_name = 'NXDOMAIN'", "WHERE CAST(query AS INT) > 0 AND rcode_name = 'NXDOMAIN'")
     variant("slow_hashing", "WHERE rcode_name = 'NXDOMAIN'",
-            "WHERE aggregate(sequence(1, 100000), 0L, (acc, x) -> acc + length(sha2(concat(query, x), 512))) > 0\n"
+            "WHERE aggregate(sequence(1, 1000), 0L, (acc, x) -> acc + aggregate(sequence(1, 1000), 0L,\n"
+            "          (a, y) -> a + length(sha2(concat(query, x, y), 512)))) > 0\n"
             "      AND rcode_name = 'NXDOMAIN'")
     (bad / "heap_bomb.sql").write_text(HEAP_BOMB)
     return {"memory_bomb": "invalid", "regex_bomb": "invalid", "cross_join": "invalid",
@@ -998,15 +999,14 @@ def _rule_alert_ids(home: Home) -> collections.Counter:
     return collections.Counter(a for a, r in zip(cols["alert_id"], cols["rule_id"]) if r != "seclake.rule_disabled")
 
 
-def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, str], also: dict[str, str]) -> None:
-    """The bad rules ended as `expected` (invalid, or disabled with that in the reason; `also` gives
-    another accepted reason), every other rule is ok, and the rest of the lake equals the reference."""
+def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, str]) -> None:
+    """The bad rules ended as `expected` (invalid, or disabled with that in the reason), every
+    other rule is ok, and the rest of the lake equals the reference."""
     states = _rule_states(home)
     for slug, why in expected.items():
         state, reason = states.get(slug, ("-", ""))
         want = "invalid" if why == "invalid" else "disabled"
-        assert state == want and (why == "invalid" or why in reason or also.get(slug, why) in reason), \
-            (slug, state, reason)
+        assert state == want and (why == "invalid" or why in reason), (slug, state, reason)
     assert all(state == "ok" for slug, (state, _) in states.items() if slug not in expected), states
     platform = read_columns(home.table("alerts"), ["rule_id", "rule_name"])
     disabled = {n.removeprefix("Rule disabled: ") for r, n in zip(platform["rule_id"], platform["rule_name"])
@@ -1033,7 +1033,8 @@ def _home_with(gen: Path, manifest: dict, root: Path) -> Home:
     return home
 
 
-BAD_RULE_SETTINGS = ("--set", "rule_retry=5 seconds", "--set", "rule_batch_budget=45 seconds")
+# Every rule of the pack takes seconds per batch here; the slow rule would take an hour.
+BAD_RULE_SETTINGS = ("--set", "rule_retry=5 seconds", "--set", "rule_batch_budget=2 minutes")
 
 
 def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp_path):
@@ -1058,13 +1059,16 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
     assert runs[0].returncode == 2 and "the Spark application stopped during stage rule_heap_bomb" in runs[0].stderr, \
         runs[0].stderr[-3000:]
     assert runs[-1].returncode == 1, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]  # invalid files: exit 1
-    _check_bad_rules_outcome(home, reference, expected, also={})
+    _check_bad_rules_outcome(home, reference, expected)
 
     # stream: the rules run in their own application; its deaths never stop the ETL, rules
     # charged with a death are probed one at a time, so only the heap bomb reaches 2 in a row.
+    # (The batch budget was shown by run-once: the slow rule sits this part out.)
     # A stream never closes the last windows of a bounded input (watermarks), so once the bad
     # rules have ended, a run-once drains the rest, as after the SIGKILL test, and the whole
     # lake must equal the clean reference.
+    (tmp_path / "rules" / "bad" / "slow_hashing.sql").unlink()
+    del expected["slow_hashing"]
     home = _home_with(gen, manifest, tmp_path / "stream")
     log = tmp_path / "stream.log"
     with open(log, "wb") as out:
@@ -1100,5 +1104,4 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
     drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
-    # The slow rule may be in a batch when the heap bomb kills the application: charged for that.
-    _check_bad_rules_outcome(home, reference, expected, also={"slow_hashing": "stopped while this rule ran"})
+    _check_bad_rules_outcome(home, reference, expected)

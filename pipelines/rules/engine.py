@@ -151,13 +151,17 @@ class RuleQuery:
         (monotonic seconds; called every second or so); True if it did. Under a processing-time
         trigger, also keep the in-batch marker (RUNNING_MARKER "stream") true."""
         marker = self._writer.marker
-        if not self._query.isActive or not self._query.status.get("isTriggerActive"):
-            self._busy = None
-            if self._stream_marker:
+        status = self._query.status if self._query.isActive else {}
+        if self._stream_marker:
+            # In a batch = a trigger that has data: one that only looks for new data never dies of the rule's SQL.
+            if status.get("isTriggerActive") and status.get("isDataAvailable"):
+                if not marker.exists():
+                    marker.write_text("stream")
+            else:
                 marker.unlink(missing_ok=True)
+        if not status.get("isTriggerActive"):
+            self._busy = None
             return False
-        if self._stream_marker and not marker.exists():
-            marker.write_text("stream")
         last = self._query.lastProgress
         batch = last.batchId if last is not None else -1
         if self._busy is None or self._busy[1] != batch:
