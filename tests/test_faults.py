@@ -1085,7 +1085,8 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
             return False
         ended = all(states.get(s, ("",))[0] == ("invalid" if why == "invalid" else "disabled")
                     for s, why in expected.items())
-        return ended and ingested and all(state == "ok" for s, (state, _) in states.items() if s not in expected)
+        # Innocent rules charged with a death are cleared by their probe or their next batch (the drain's).
+        return ended and ingested and all(state != "disabled" for s, (state, _) in states.items() if s not in expected)
 
     try:
         deadline = time.monotonic() + 1200

@@ -464,6 +464,7 @@ class RuleManager:
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         now = time.monotonic()
+        status = rule_status(spark, lake)
         for name, ran in list(current.items()):
             writer = ran.writer
             if not isinstance(ran.query, RuleQuery) or not isinstance(writer, AlertWriter):
@@ -476,10 +477,18 @@ class RuleManager:
                 replacement = start_rule(spark, lake, settings, trigger, valid[writer.rule.slug])
                 running[running.index(ran)] = replacement
                 current[name] = replacement
-        status = rule_status(spark, lake)
         # Rules charged with a dead application are probed one at a time: the next starts once the
         # one before has finished a trigger, so a second death is charged to the rule that caused it.
-        self._probing = {name for name in self._probing if name in current and _first_trigger_pending(current[name])}
+        for name in list(self._probing):
+            probe = current.get(name)
+            if probe is not None and _first_trigger_pending(probe):
+                continue
+            self._probing.discard(name)
+            if probe is not None and isinstance(probe.writer, AlertWriter) and probe.query.isActive:
+                # It ran a trigger without taking the application down: cleared.
+                health = status.get(probe.writer.rule.slug, probe.writer.content_hash)
+                if health.reason == DIED:
+                    status.put(health.succeeded())
         for rule in valid.values():
             entry = current.get(rule.query_name)
             suspect = status.get(rule.slug, rule.content_hash).reason == DIED
