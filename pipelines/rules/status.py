@@ -49,7 +49,7 @@ class RuleStatus:
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     status = RuleStatus(spark, Lake(Home.resolve(tmp)))
     ...     h = status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0)
-    ...     status.put(h)
+    ...     _ = status.put(h)
     ...     RuleStatus(spark, Lake(Home.resolve(tmp))).get("r", "hash").state
     'disabled'
     """
