@@ -80,6 +80,10 @@ class RuleStatus:
         if before == health or (before is None and health == RuleHealth.fresh(health.rule, health.content_hash)):
             return health
         now = utc_now()
+        if health.state == DISABLED and (before is None or before.state != DISABLED):
+            # The alert first: an application dying between the two appends then repeats the
+            # disable (and its alert) instead of losing the alert.
+            self._platform_alert(health, now)
         self.lake.ensure(self.spark, RULE_STATUS_TABLE)
         row: tuple = (health.rule, health.content_hash, health.state, health.failures, health.reason,
                       health.retry_at, now)
@@ -91,7 +95,6 @@ class RuleStatus:
         if health.state == DISABLED and (before is None or before.state != DISABLED):
             log.error("rule %s disabled after %d failure(s) in a row: %s; `seclake rules enable %s` re-enables it",
                       health.rule, health.failures, health.reason, health.rule)
-            self._platform_alert(health, now)
         return health
 
     def _load(self) -> dict[str, RuleHealth]:
