@@ -224,25 +224,29 @@ def _rule_status(args: argparse.Namespace):
 
 def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.rules.engine import file_hash
+    from pipelines.rules.health import DISABLED, INVALID
 
     pack = scan_rules(_rules_dir(args))
     status = _rule_status(args)
     deployed = {r.slug: r.content_hash for r in pack.rules}
     deployed.update({path.stem: file_hash(path) for path in pack.errors})
-    for slug, content_hash in sorted(deployed.items()):
-        health = status.get(slug, content_hash)
+    healths = [status.get(slug, content_hash) for slug, content_hash in sorted(deployed.items())]
+    for health in healths:
+        slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""
         failures = f", {health.failures} failure(s) in a row" if health.failures else ""
         reason = f": {health.reason}" if health.reason else ""
         print(f"{slug:<28} {health.state}{failures}{retry}{reason}")
-    return 1 if any(status.get(s, h).state in ("disabled", "invalid") for s, h in deployed.items()) else 0
+    return 1 if any(h.state in (DISABLED, INVALID) for h in healths) else 0
 
 
 def cmd_enable(args: argparse.Namespace) -> int:
+    from pipelines.rules.health import OK
+
     rule = find_rule(args.rule, _rules_dir(args))
     status = _rule_status(args)
     health = status.get(rule.slug, rule.content_hash)
-    if health.state == "ok":
+    if health.state == OK:
         print(f"rule {rule.slug} is not disabled (state ok): nothing to do")
         return 0
     status.put(health.enabled())

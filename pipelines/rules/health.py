@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 OK, FAILING, DISABLED, INVALID = "ok", "failing", "disabled", "invalid"
-STATES = (OK, FAILING, DISABLED, INVALID)
 
 
 @dataclass(frozen=True)
