@@ -999,7 +999,7 @@ def _rule_alert_ids(home: Home) -> collections.Counter:
     return collections.Counter(a for a, r in zip(cols["alert_id"], cols["rule_id"]) if r != "seclake.rule_disabled")
 
 
-def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, str], every_alert: bool = True) -> None:
+def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, str]) -> None:
     """The bad rules ended as `expected` (invalid, or disabled with that in the reason), every
     other rule is ok, and the rest of the lake equals the reference."""
     states = _rule_states(home)
@@ -1012,8 +1012,7 @@ def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, st
     disabled = {n.removeprefix("Rule disabled: ") for r, n in zip(platform["rule_id"], platform["rule_name"])
                 if r == "seclake.rule_disabled"}
     wanted = {s for s, why in expected.items() if why != "invalid"}
-    # Known gap (issue 22 note): one stream run disabled casts_names without its platform alert.
-    assert disabled == wanted if every_alert else "heap_bomb" in disabled <= wanted, disabled
+    assert disabled == wanted, disabled
     compare_with_reference(home, reference, exact=(*etl.etl_tables(), "enriched_conn", "enriched_dns",
                                                    "enriched_ids_alerts"))
     assert _rule_alert_ids(home) == _rule_alert_ids(reference)
@@ -1107,4 +1106,4 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
     drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
-    _check_bad_rules_outcome(home, reference, expected, every_alert=False)
+    _check_bad_rules_outcome(home, reference, expected)
