@@ -1,24 +1,27 @@
-"""`seclake demo`: generate a sample day into the home, run the whole pipeline once, summarise."""
+"""`seclake demo`: generate a sample day into the home, run the whole pipeline once as a Dagster run, summarise."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 
 from pipelines.home import Home
 
+DAGSTER_DIR = "dagster"  # the demo's Dagster instance (run history), inside the home
+RUN_ONCE_JOB = "run_once_job"  # assets/jobs.py
+
 
 def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> int:
-    """Generate (once per home), run every stage with AvailableNow, print tables and alerts.
+    """Generate (once per home), run `run_once_job` in Dagster, print tables and alerts.
 
     `seclake demo --hours 2 --hosts 20` calls `run_demo(Home.resolve(...), hours=2, hosts=20)`;
-    it returns 0 unless a stage reported an error (`.ci/demo` runs it; tests/test_demo.py checks the summary).
+    it returns 0 unless the Dagster run failed (`.ci/demo` runs it; tests/test_cli_output.py runs a
+    small one, tests/test_demo.py checks the summary).
     """
-    from pipelines.jobs import run_once
     from pipelines.lake.registry import Lake
-    from pipelines.query import REPORT_COLUMNS
     from pipelines.spark import get_spark
-    from pipelines.stages import stages
-    from pipelines.terminal import Progress, print_table
+    from pipelines.terminal import Progress
     from sample_data.generator import DEFAULT_START, done_line, generate, hour_files, parse_start
 
     home.create()
@@ -31,24 +34,36 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
         with Progress("generate", total=hour_files(parse_start(DEFAULT_START), hours)) as progress:
             manifest = generate(home.root, hours=hours, hosts=hosts, seed=seed, progress=progress.step)
         print(done_line(manifest, home.root, time.monotonic() - started), file=sys.stderr)
-    print("[2/3] running every stage once (Trigger.AvailableNow)", file=sys.stderr)
-    with Progress("run-once", steps=[s.name for s in stages()]) as progress:
-        progress.working_on("starting Spark")
-        spark = get_spark(app_name="seclake-demo")
-        lake = Lake(home)
-        progress.working_on()
-        reports = run_once(spark, lake, on_report=lambda r: progress.step(r.line()))
+    # The run is a Dagster run (assets/launch.py, in a process of its own: pipelines never imports
+    # Dagster), recorded in the home's instance, so the UI shows it with its steps and checks.
+    dagster_home = home.root / DAGSTER_DIR
+    print(f"[2/3] running run_once_job in Dagster: every stage once (Trigger.AvailableNow), then the checks "
+          f"(run history in {dagster_home})", file=sys.stderr)
+    launched = launch_run_once(home)
     print("[3/3] summary", file=sys.stderr)
-    print_table(REPORT_COLUMNS, [r.cells() for r in reports], title="stages")
-    print()
+    spark = get_spark(app_name="seclake-demo")
+    lake = Lake(home)
     print(summary(spark, lake))
     print(f"\nDone in {time.monotonic() - started:.0f}s. Next:\n"
           f"  SQL shell:  .venv/bin/seclake sql --home {home.root}\n"
           f"  one query:  .venv/bin/seclake sql --home {home.root} "
           f"\"SELECT rule_name, count(*) FROM alerts GROUP BY 1\"\n"
-          f"  Dagster UI: SECLAKE_HOME={home.root} .venv/bin/dagster dev -w workspace.yaml  "
-          f"(then open http://localhost:3000)")
-    return 1 if any(r.error for r in reports) else 0
+          f"  Dagster UI: DAGSTER_HOME={dagster_home} SECLAKE_HOME={home.root} .venv/bin/dagster dev "
+          f"-w workspace.yaml  (then open http://localhost:3000: the run is under Runs)")
+    return launched
+
+
+def launch_run_once(home: Home) -> int:
+    """`run_once_job` as a Dagster run on the instance in `home/dagster` (`python -m assets.launch`);
+    its exit code. The instance is made with telemetry off: a demo sends nothing anywhere."""
+    dagster_home = home.root / DAGSTER_DIR
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    config = dagster_home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "SECLAKE_HOME": str(home.root)}
+    return subprocess.run([sys.executable, "-m", "assets.launch", RUN_ONCE_JOB, "--tag", "seclake/launched_by=demo"],
+                          env=env).returncode
 
 
 def summary(spark, lake) -> str:

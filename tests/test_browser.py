@@ -1,10 +1,12 @@
 """The Dagster UI in a real browser (`-m browser`): headless Chromium from Debian's packages,
 driven through Debian's chromedriver by selenium, against `dagster dev` on a free localhost port.
 
-A small home is written by the CLI (`seclake generate` + `seclake run-once`, no Dagster), then
-the UI must show every table and rule asset in the graph, each table with the Delta version and
-row count its log holds (`table_state_sensor`), and run `run_once_job` from the launchpad to
-success. Screenshots go to tests/artifacts/ (git ignores it). Every process started here is
+A small home is written by `seclake demo` (README command 1), which runs `run_once_job` as a
+Dagster run in the home's instance; `dagster dev` opens that instance. The UI must list the
+demo's run as a success, show every table and rule asset in the graph, each table with the Delta
+version and row count its log holds, and run `run_once_job` from the launchpad to success.
+(`table_state_sensor`, which records tables written outside Dagster, is tested in
+tests/test_table_state.py.) Screenshots go to tests/artifacts/ (git ignores it). Every process started here is
 stopped at the end, also when a step fails.
 """
 from __future__ import annotations
@@ -24,12 +26,13 @@ from typing import Any
 import pytest
 
 from assets.definitions import build_definitions
+from pipelines.demo import DAGSTER_DIR
 from pipelines.home import Home
 from pipelines.lake.log import summary
 from pipelines.lake.registry import Lake
 
-# The home (generate + run-once), dagster dev's start and one run_once_job in a fresh JVM take
-# about 10 minutes on 2 cores; the module's fixtures count against the first test's limit.
+# The home (the demo's generate + run), dagster dev's start and one run_once_job in a fresh JVM
+# take about 12 minutes on 2 cores; the module's fixtures count against the first test's limit.
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,17 +103,16 @@ def stop_group(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    """A small home written by the CLI alone: a quarter of an hour of logs, run once."""
+    """A small home written by `seclake demo`: a quarter of an hour of logs, one Dagster run."""
     root = tmp_path_factory.mktemp("browser-home")
-    cli("generate", "--out", str(root), "--hours", "0.25", "--hosts", "5", "--seed", "3")
-    cli("run-once", "--home", str(root))
+    cli("demo", "--home", str(root), "--hours", "0.25", "--hosts", "5", "--seed", "3")
     return root
 
 
 @pytest.fixture(scope="module")
 def dagster_ui(home: Path, tmp_path_factory) -> Iterator[str]:
-    """`dagster dev -w workspace.yaml` on a free localhost port, with its own DAGSTER_HOME."""
-    instance = tmp_path_factory.mktemp("dagster-home")
+    """`dagster dev -w workspace.yaml` on a free localhost port, on the demo's instance."""
+    instance = home / DAGSTER_DIR
     port = free_port()
     env = {**os.environ, "SECLAKE_HOME": str(home), "DAGSTER_HOME": str(instance), "SECLAKE_ENV": "ci"}
     log_path = instance / "dagster-dev.log"
@@ -192,6 +194,23 @@ def shown_as(label: str, name: str) -> bool:
     return re.fullmatch(".*".join(re.escape(part) for part in label.split("…")), name) is not None
 
 
+def test_the_demos_run_is_listed_and_succeeded(dagster_ui, browser, home):
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(home / DAGSTER_DIR)) as instance:
+        runs = instance.get_runs()
+    assert [(r.job_name, r.tags.get("seclake/launched_by")) for r in runs] == [("run_once_job", "demo")]
+    run_id = runs[0].run_id
+    open_page(browser, f"{dagster_ui}/runs")
+    wait_for(f"run {run_id[:8]} in the runs list", lambda: run_id[:8] in page_text(browser), timeout_s=60)
+    screenshot(browser, "runs")
+    open_page(browser, f"{dagster_ui}/runs/{run_id}")
+    # the run page's title ends with the run's status
+    wait_for(f"the page of run {run_id}", lambda: re.search(r"\[[A-Z_]+\]$", browser.title), timeout_s=60)
+    assert browser.title.endswith("[SUCCESS]"), browser.title
+    assert "RUN_SUCCESS" in page_text(browser)
+
+
 def test_asset_graph_shows_every_table_and_rule_asset(dagster_ui, browser):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -238,12 +257,12 @@ def test_table_page_shows_the_version_and_row_count_in_its_delta_log(dagster_ui,
     url = f"{dagster_ui}/assets/silver/dns"
 
     def reported() -> str | None:
-        # table_state_sensor ticks within seconds of the daemon's start, then every 30 s.
+        # The demo's run recorded the table; table_state_sensor would too, within 30 s.
         open_page(browser, url)
         text = page_text(browser)
         return text if "table_version" in text else None
 
-    text = wait_for("table_state_sensor's materialisation of silver/dns", reported, timeout_s=180, every_s=5)
+    text = wait_for("a materialisation of silver/dns", reported, timeout_s=180, every_s=5)
     screenshot(browser, "table-silver-dns")
     metadata = browser.find_element(By.XPATH, "//*[normalize-space(text())='table_version']")
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", metadata)

@@ -26,6 +26,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -463,8 +464,33 @@ class RuleManager:
         valid = pack.by_slug()
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
-        now = time.monotonic()
         status = rule_status(spark, lake)
+        start = functools.partial(start_rule, spark, lake, settings, trigger)
+        self._restart_failed(start, valid, current, running, result)
+        self._clear_probes(current, status)
+        self._deploy(start, valid, current, running, status, result)
+        deployed = {rule.query_name for rule in valid.values()}
+        for name, entry in current.items():
+            if name in deployed or name in invalid:
+                continue
+            stop_rule(entry)
+            running.remove(entry)
+            result.stopped.append(name)
+        self._record_invalid(invalid, current, status, result)
+        for name in result.started + result.restarted + result.stopped:
+            log.warning("rules: %s %s", name, "started" if name in result.started else
+                        "restarted" if name in result.restarted else "stopped")
+        for entry in running:
+            if entry.name in result.retried and not isinstance(entry.query, StoppedQuery):
+                log.warning("rules: %s started (its input tables exist now)", entry.name)
+        return result
+
+    @staticmethod
+    def _restart_failed(start: Callable[[Rule], RunningQuery], valid: dict[str, Rule],
+                        current: dict[str, RunningQuery], running: list[RunningQuery], result: SyncResult) -> None:
+        """A rule query that stopped (failed, or stopped over its batch budget) is recorded and
+        started again: `start_rule` holds it back while its back-off runs."""
+        now = time.monotonic()
         for name, ran in list(current.items()):
             writer = ran.writer
             if not isinstance(ran.query, RuleQuery) or not isinstance(writer, AlertWriter):
@@ -474,11 +500,13 @@ class RuleManager:
                 writer.close()  # records the failure (or the overrun) in rule_status
                 if ran.query.exception() is not None or writer.overrun:
                     result.failed.append(name)
-                replacement = start_rule(spark, lake, settings, trigger, valid[writer.rule.slug])
+                replacement = start(valid[writer.rule.slug])
                 running[running.index(ran)] = replacement
                 current[name] = replacement
-        # Rules charged with a dead application are probed one at a time: the next starts once the
-        # one before has finished a trigger, so a second death is charged to the rule that caused it.
+
+    def _clear_probes(self, current: dict[str, RunningQuery], status: RuleStatus) -> None:
+        """Rules charged with a dead application are probed one at a time: the next starts once the
+        one before has finished a trigger, so a second death is charged to the rule that caused it."""
         for name in list(self._probing):
             probe = current.get(name)
             if probe is not None and _first_trigger_pending(probe):
@@ -489,13 +517,18 @@ class RuleManager:
                 health = status.get(probe.writer.rule.slug, probe.writer.content_hash)
                 if health.reason == DIED:
                     status.put(health.succeeded())
+
+    def _deploy(self, start: Callable[[Rule], RunningQuery], valid: dict[str, Rule],
+                current: dict[str, RunningQuery], running: list[RunningQuery], status: RuleStatus,
+                result: SyncResult) -> None:
+        """Start new rules, restart edited ones, retry held-back ones whose back-off passed."""
         for rule in valid.values():
             entry = current.get(rule.query_name)
             suspect = status.get(rule.slug, rule.content_hash).reason == DIED
             if suspect and self._probing and (entry is None or _retryable(entry, status)):
                 continue
             if entry is None:
-                running.append(start_rule(spark, lake, settings, trigger, rule))
+                running.append(start(rule))
                 result.started.append(rule.query_name)
                 if suspect:
                     self._probing.add(rule.query_name)
@@ -504,15 +537,13 @@ class RuleManager:
                 if suspect:
                     self._probing.add(rule.query_name)
                 stop_rule(entry)
-                running[running.index(entry)] = start_rule(spark, lake, settings, trigger, rule)
+                running[running.index(entry)] = start(rule)
                 (result.retried if retry else result.restarted).append(rule.query_name)
-        deployed = {rule.query_name for rule in valid.values()}
-        for name, entry in current.items():
-            if name in deployed or name in invalid:
-                continue
-            stop_rule(entry)
-            running.remove(entry)
-            result.stopped.append(name)
+
+    def _record_invalid(self, invalid: dict[str, tuple[Path, str]], current: dict[str, RunningQuery],
+                        status: RuleStatus, result: SyncResult) -> None:
+        """A file that does not validate: `invalid` in rule_status unless its older version runs;
+        its error logged once per content."""
         for name, (path, reason) in invalid.items():
             result.invalid[name] = reason
             digest = file_hash(path)
@@ -522,13 +553,6 @@ class RuleManager:
                 self._logged[path] = digest
                 kept = " (its running version keeps running)" if name in current else ""
                 log.error("rule file not deployed%s: %s", kept, reason)
-        for name in result.started + result.restarted + result.stopped:
-            log.warning("rules: %s %s", name, "started" if name in result.started else
-                        "restarted" if name in result.restarted else "stopped")
-        for entry in running:
-            if entry.name in result.retried and not isinstance(entry.query, StoppedQuery):
-                log.warning("rules: %s started (its input tables exist now)", entry.name)
-        return result
 
 
 def _first_trigger_pending(entry: RunningQuery) -> bool:
