@@ -204,13 +204,18 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
     return _shared
 
 
-def stage_assets(stages: list[Stage]) -> list[AssetsDefinition]:
-    """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), and one asset per
-    table several of them write (`late_events`).
+def stage_assets(stages: list[Stage]) -> list[AssetsDefinition | AssetSpec]:
+    """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), one asset per
+    table several of them write (`late_events`), and an external asset per state table that a
+    command keeps (`rule_status`, `alert_triage`: `TableSpec.kept_by`; no Dagster op writes them,
+    `table_state_sensor` records their versions).
     """
     shared = shared_tables(stages)
-    assets = [stage_asset(s, own_tables(s, stages)) for s in stages]
+    assets: list[AssetsDefinition | AssetSpec] = [stage_asset(s, own_tables(s, stages)) for s in stages]
     for table, writers in shared.items():
         keys = [table_key(t) for w in writers for t in own_tables(w, stages)]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))
+    for table in (t for t in Lake.names() if Lake.spec(t).kept_by):
+        spec = table_spec(table)
+        assets.append(spec.replace_attributes(description=f"{spec.description} (kept by {Lake.spec(table).kept_by})"))
     return assets

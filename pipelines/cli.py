@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rules_commands(sub, _home_arg)
 
+    from pipelines.triage.cli import add_commands as add_triage_commands
+
+    add_triage_commands(sub, _home_arg)
+
     from pipelines.operations.cli import add_commands as add_operations_commands
 
     add_operations_commands(sub, _home_arg, _settings_arg)

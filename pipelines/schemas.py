@@ -185,6 +185,18 @@ RULE_STATUS_SCHEMA = StructType(_fields(
     ("changed_at", TimestampType()),
 ))
 
+# One row per alert an analyst has touched (pipelines/triage.py), kept current with MERGE; an
+# alert without a row is open. Earlier states are in the table's Delta history.
+TRIAGE_NOTE = StructType(_fields(("at", TimestampType()), ("by", StringType()), ("text", StringType())))
+ALERT_TRIAGE_SCHEMA = StructType(_fields(
+    ("alert_id", StringType()),
+    ("status", StringType()),
+    ("assignee", StringType()),
+    ("notes", ArrayType(TRIAGE_NOTE, True)),
+    ("updated_by", StringType()),
+    ("updated_at", TimestampType()),
+))
+
 # ---- attribution (issue 5): dhcp_leases, enriched_<kind>, late_events; rules in docs/attribution.md
 
 # One row per lease segment: [valid_from, valid_to) during which `mac` held `ip`. Segments of one

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
 from pipelines.query import AVAILABLE_NOW, QueryReport, Stage, python_cause, report
-from pipelines.rules.tables import ALERTS_TABLE, RULE_STATUS_TABLE
+from pipelines.rules.tables import ALERTS_TABLE
 from pipelines.settings import Settings
 
 # Deterministic failures: retrying the same query on the same data fails the same way.
@@ -43,8 +43,8 @@ def stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
         if upstream:
             raise ValueError(f"stage {stage.name!r} reads {upstream} before any stage writes them")
         written.update(stage.writes)
-    # alerts has no writer while the rules folder is empty; rule_status is kept by the rules' runner.
-    orphans = known - written - {ALERTS_TABLE, RULE_STATUS_TABLE}
+    # alerts has no writer while the rules folder is empty; state tables are kept by commands.
+    orphans = known - written - {ALERTS_TABLE} - {name for name in known if Lake.spec(name).kept_by}
     if orphans:
         raise ValueError(f"no stage writes table(s) {sorted(orphans)}: list each in the `writes` of its stage")
     return found

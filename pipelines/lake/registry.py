@@ -15,13 +15,15 @@ from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_e
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One table: `name` is also its folder, asset key suffix and checkpoint name."""
+    """One table: `name` is also its folder, asset key suffix and checkpoint name. `kept_by`
+    names what keeps a table that no stage writes (a state table: no rule reads it)."""
 
     name: str
     layer: str
     description: str
     schema: StructType
     partition_by: tuple[str, ...] = ()
+    kept_by: str = ""
 
 
 def _specs() -> dict[str, TableSpec]:
@@ -53,7 +55,10 @@ def _specs() -> dict[str, TableSpec]:
     specs.append(TableSpec("alerts", "gold", "one row per detection: rule, entity, window, evidence; stable alert_id",
                            schemas.ALERTS_SCHEMA, ("event_date",)))
     specs.append(TableSpec("rule_status", "gold", "one row per change of a rule's health: failing, disabled, "
-                           "re-enabled, invalid; a rule's newest row is its state", schemas.RULE_STATUS_SCHEMA))
+                           "re-enabled, invalid; a rule's newest row is its state", schemas.RULE_STATUS_SCHEMA,
+                           kept_by="the rules' runners"))
+    specs.append(TableSpec("alert_triage", "gold", "one row per triaged alert: status, assignee, notes; "
+                           "updated with MERGE", schemas.ALERT_TRIAGE_SCHEMA, kept_by="seclake alerts"))
     return {spec.name: spec for spec in specs}
 
 

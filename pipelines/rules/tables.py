@@ -12,13 +12,14 @@ RULE_STATUS_TABLE = "rule_status"
 
 
 def readable_tables() -> dict[str, StructType]:
-    """Every table a rule may read, name -> schema: the registry's tables except `alerts` and
-    `rule_status` (rules read events, not alerts or their own health).
+    """Every table a rule may read, name -> schema: the registry's tables except `alerts` and the
+    state tables (`kept_by`: rule_status, alert_triage): rules read events, not alerts or state.
 
     >>> "enriched_dns" in readable_tables() and "alerts" not in readable_tables()
     True
     """
-    return {name: Lake.spec(name).schema for name in Lake.names() if name not in (ALERTS_TABLE, RULE_STATUS_TABLE)}
+    return {name: Lake.spec(name).schema for name in Lake.names()
+            if name != ALERTS_TABLE and not Lake.spec(name).kept_by}
 
 
 def table_schema(name: str) -> StructType:

@@ -1,0 +1,36 @@
+"""Upserts by key through delta-spark's MERGE: the state tables commands keep (`alert_triage`)."""
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import Column, DataFrame, SparkSession
+
+from pipelines.lake.sink import delta_errors, table_uri
+
+
+def upsert(spark: SparkSession, path: str | os.PathLike, rows: DataFrame, key: str,
+           update: dict[str, str | Column], insert: dict[str, str | Column]) -> int:
+    """MERGE `rows` (alias `s`) into the Delta table at `path` (alias `t`) on `key`: a matched row
+    gets the `update` expressions, a new key the `insert` ones. Returns the version committed.
+
+    One commit, atomic: a concurrent change to the same rows makes Delta refuse this one
+    (`ConcurrentUpdateException`) rather than lose either.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spark.createDataFrame([("a", 1)], "k string, n int").write.format("delta").save(tmp)
+    ...     rows = spark.createDataFrame([("a", 5), ("b", 2)], "k string, n int")
+    ...     version = upsert(spark, tmp, rows, "k", {"n": "t.n + s.n"}, {"k": "s.k", "n": "s.n"})
+    ...     version, sorted(spark.read.format("delta").load(tmp).collect())
+    (1, [Row(k='a', n=6), Row(k='b', n=2)])
+    """
+    from delta.tables import DeltaTable
+
+    uri = table_uri(path)
+    table = DeltaTable.forPath(spark, uri)
+    with delta_errors(uri.rstrip("/").rsplit("/", 1)[-1]):
+        (table.alias("t").merge(rows.alias("s"), f"t.{key} = s.{key}")
+         .whenMatchedUpdate(set=update).whenNotMatchedInsert(values=insert).execute())
+    latest = table.history(1).select("version").first()
+    assert latest is not None  # a table has at least its version 0
+    return int(latest[0])

@@ -1,0 +1,116 @@
+"""`seclake alerts list|show|ack|close|reopen|assign`: the analyst's queue (docs/triage.md)."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+HomeArg = Callable[[argparse.ArgumentParser], None]
+LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee"]
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
+    """Add `alerts` and its sub-commands to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_commands(sub, lambda p: p.add_argument("--home"))
+    >>> parser.parse_args(["alerts", "ack", "3f2a9c1d", "--note", "known scanner"]).note
+    'known scanner'
+    """
+    alerts = sub.add_parser("alerts", help="the alert queue: list, show, acknowledge, close, assign")
+    verbs = alerts.add_subparsers(dest="alerts_command", required=True)
+
+    listing = verbs.add_parser("list", help="alerts to look at, most severe and newest first")
+    listing.add_argument("--status", action="append", default=[], metavar="STATUS",
+                         help="open, acknowledged, closed or all (repeatable; default: open and acknowledged)")
+    listing.add_argument("--rule", help="a rule id, e.g. dga_nxdomain_burst")
+    listing.add_argument("--severity", help="critical, high, medium, low or info")
+    listing.add_argument("--host", help="an IP, MAC or device name")
+    listing.add_argument("--since", help="window start at or after this UTC time, e.g. 2026-11-20T06:00")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    home_arg(listing)
+    listing.set_defaults(func=cmd_list)
+
+    show = verbs.add_parser("show", help="one alert with its evidence, state and notes")
+    show.add_argument("alert", metavar="ALERT_ID", help="an alert id or a unique prefix (8+ characters)")
+    home_arg(show)
+    show.set_defaults(func=cmd_show)
+
+    for verb, status, text in (("ack", "acknowledged", "acknowledge alerts (someone is on it)"),
+                               ("close", "closed", "close alerts"), ("reopen", "open", "reopen closed alerts"),
+                               ("assign", None, "assign alerts to someone")):
+        change = verbs.add_parser(verb, help=text)
+        change.add_argument("alerts", nargs="+", metavar="ALERT_ID", help="alert ids or unique prefixes")
+        if verb == "assign":
+            change.add_argument("--to", required=True, metavar="USER", help="who takes them")
+        change.add_argument("--note", help="a note kept with each alert")
+        change.add_argument("--by", default=None, help="who makes the change (default: the login name)")
+        home_arg(change)
+        change.set_defaults(func=cmd_change, status=status)
+
+
+def _spark_and_lake(args: argparse.Namespace):
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.spark import get_spark
+
+    return get_spark(app_name="seclake-alerts", ui=False), Lake(Home.resolve(args.home))
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--since {text!r}: expected an ISO time such as 2026-11-20T06:00") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from pipelines.terminal import print_table
+    from pipelines.triage.store import ACKNOWLEDGED, MIN_PREFIX, OPEN, STATUSES, queue
+
+    statuses = tuple(STATUSES) if "all" in args.status else tuple(args.status) or (OPEN, ACKNOWLEDGED)
+    spark, lake = _spark_and_lake(args)
+    rows = queue(spark, lake, statuses, rule=args.rule, severity=args.severity, host=args.host,
+                 since=_since(args.since)).limit(args.limit).collect()
+    print_table(LIST_COLUMNS, [(r.alert_id[:MIN_PREFIX + 4], r.severity, r.rule_id,
+                                f"{r.window_start:%Y-%m-%d %H:%M}" if r.window_start else None,
+                                r.src_ip, r.device, r.status, r.assignee) for r in rows])
+    print(f"{len(rows)} alert(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from pyspark.sql import functions as F
+
+    from pipelines.triage.store import resolve_ids, triaged_alerts
+
+    spark, lake = _spark_and_lake(args)
+    alert_id = resolve_ids(spark, lake, [args.alert])[0]
+    row = triaged_alerts(spark, lake).where(F.col("alert_id") == alert_id).first()
+    if row is None:  # resolved a moment ago: only a concurrent rollback of alerts removes it
+        raise ValueError(f"alert {alert_id} is no longer in the alerts table")
+    fields = row.asDict()
+    notes = fields.pop("notes") or []
+    width = max(len(k) for k in fields)
+    for key, value in fields.items():
+        print(f"{key:<{width}}  {', '.join(value) if isinstance(value, list) else '-' if value is None else value}")
+    for note in notes:
+        print(f"note  {note.at:%Y-%m-%d %H:%M} {note.by}: {note.text}")
+    return 0
+
+
+def cmd_change(args: argparse.Namespace) -> int:
+    from pipelines.triage.store import Change, apply
+
+    change = Change(status=args.status, assignee=getattr(args, "to", None), note=args.note,
+                    by=args.by or getpass.getuser())
+    spark, lake = _spark_and_lake(args)
+    version = apply(spark, lake, args.alerts, change)
+    what = f"status {change.status}" if change.status else f"assigned to {change.assignee}"
+    print(f"{len(args.alerts)} alert(s): {what}{' with a note' if change.note else ''} (alert_triage v{version})")
+    return 0

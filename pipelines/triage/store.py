@@ -1,0 +1,117 @@
+"""The triage state of alerts, kept in `alert_triage` with Delta MERGE (one row per touched alert).
+
+An alert with no row is `open`. A change names alerts by id or by a unique prefix of at least
+`MIN_PREFIX` characters (as `seclake alerts list` shows them); it sets the status and/or the
+assignee and may add a note; notes accumulate, the rest is replaced. Every change is one MERGE
+commit, so `DESCRIBE HISTORY alert_triage` and time travel give the earlier states.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+from pipelines.rules.tables import ALERTS_TABLE
+
+TRIAGE_TABLE = "alert_triage"
+OPEN, ACKNOWLEDGED, CLOSED = "open", "acknowledged", "closed"
+STATUSES = (OPEN, ACKNOWLEDGED, CLOSED)
+SEVERITIES = ("critical", "high", "medium", "low", "info")  # most urgent first: the queue's order
+MIN_PREFIX = 8
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one `seclake alerts ack|close|reopen|assign` does to each alert it names."""
+
+    status: str | None = None
+    assignee: str | None = None
+    note: str | None = None
+    by: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
+        if self.status is None and self.assignee is None and not self.note:
+            raise ValueError("a change sets a status, an assignee or a note")
+
+
+def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
+    """The full alert ids that `given` (ids or unique prefixes) name; ValueError names each id
+    that is too short, unknown or ambiguous."""
+    if not lake.exists(ALERTS_TABLE):
+        raise ValueError(f"no alerts table in {lake.home.root}: run the pipeline first")
+    short = [g for g in given if len(g) < MIN_PREFIX]
+    if short:
+        raise ValueError(f"alert id(s) {', '.join(short)}: give at least {MIN_PREFIX} characters")
+    condition = F.lit(False)
+    for prefix in given:
+        condition = condition | F.col("alert_id").startswith(prefix)
+    matching = lake.read(spark, ALERTS_TABLE).where(condition).select("alert_id").distinct()
+    found = [r.alert_id for r in matching.collect()]
+    resolved, problems = [], []
+    for prefix in given:
+        matches = sorted(a for a in found if a.startswith(prefix))
+        if len(matches) == 1:
+            resolved.append(matches[0])
+        else:
+            problems.append(f"{prefix} ({'no such alert' if not matches else f'{len(matches)} alerts match'})")
+    if problems:
+        raise ValueError(f"alert id(s) not resolved: {'; '.join(problems)}")
+    return list(dict.fromkeys(resolved))
+
+
+def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
+          now: datetime | None = None) -> int:
+    """Apply `change` to the alerts `alert_ids` name (see `resolve_ids`) in one MERGE; the version."""
+    from pipelines.lake.merge import upsert
+
+    ids = resolve_ids(spark, lake, alert_ids)
+    at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    note = [(at, change.by, change.note)] if change.note else []
+    schema = lake.spec(TRIAGE_TABLE).schema
+    rows = spark.createDataFrame([(i, change.status, change.assignee, note, change.by, at) for i in ids], schema)
+    lake.ensure(spark, TRIAGE_TABLE)
+    return upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
+                  update={"status": "coalesce(s.status, t.status)", "assignee": "coalesce(s.assignee, t.assignee)",
+                          "notes": "concat(coalesce(t.notes, array()), s.notes)",
+                          "updated_by": "s.updated_by", "updated_at": "s.updated_at"},
+                  insert={"alert_id": "s.alert_id", "status": f"coalesce(s.status, '{OPEN}')",
+                          "assignee": "s.assignee", "notes": "s.notes", "updated_by": "s.updated_by",
+                          "updated_at": "s.updated_at"})
+
+
+def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
+    """Every alert with its triage state: `status` (open when never triaged), `assignee`, `notes`,
+    `updated_by`, `updated_at`."""
+    alerts = lake.read(spark, ALERTS_TABLE)
+    if not lake.exists(TRIAGE_TABLE):
+        state = spark.createDataFrame([], lake.spec(TRIAGE_TABLE).schema)
+    else:
+        state = lake.read(spark, TRIAGE_TABLE)
+    return (alerts.join(state, "alert_id", "left")
+            .withColumn("status", F.coalesce(F.col("status"), F.lit(OPEN))))
+
+
+def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, ACKNOWLEDGED),
+          rule: str | None = None, severity: str | None = None, host: str | None = None,
+          since: datetime | None = None) -> DataFrame:
+    """The alerts to look at: filtered by status, rule id, severity, host (IP, MAC or device
+    name) and window start, most severe first, newest first within a severity."""
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown:
+        raise ValueError(f"status {', '.join(unknown)}: expected one of {', '.join(STATUSES)}")
+    frame = triaged_alerts(spark, lake).where(F.col("status").isin(*statuses))
+    if rule:
+        frame = frame.where(F.col("rule_id") == rule)
+    if severity:
+        frame = frame.where(F.col("severity") == severity)
+    if host:
+        frame = frame.where((F.col("src_ip") == host) | (F.lower("mac") == host.lower()) | (F.col("device") == host))
+    if since is not None:
+        frame = frame.where(F.col("window_start") >= F.lit(since.astimezone(timezone.utc)))
+    rank = F.coalesce(F.array_position(F.array(*[F.lit(s) for s in SEVERITIES]), F.col("severity")), F.lit(99))
+    return frame.orderBy(rank, F.col("window_start").desc(), "alert_id")

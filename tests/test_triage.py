@@ -1,0 +1,101 @@
+"""Alert triage (`alert_triage`, `seclake alerts ...`): real Delta MERGE on a lake with alerts."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.home import Home
+from pipelines.lake.registry import Lake
+from pipelines.triage.store import TRIAGE_TABLE, Change, apply, queue, resolve_ids, triaged_alerts
+
+T0 = datetime(2026, 11, 20, 6, 0, tzinfo=timezone.utc)
+ALERTS = [  # alert_id, rule_id, severity, src_ip, mac, device, window start (hours after T0)
+    ("aaaa11110" + "0" * 55, "dga_nxdomain_burst", "medium", "10.0.0.5", "aa:bb:cc:00:00:05", "laptop-5", 0),
+    ("aaaa11119" + "0" * 55, "dns_exfiltration", "high", "10.0.0.6", "aa:bb:cc:00:00:06", "laptop-6", 1),
+    ("bbbb22220" + "0" * 55, "internal_port_scan", "medium", "10.0.0.5", "aa:bb:cc:00:00:05", "laptop-5", 2),
+    ("cccc33330" + "0" * 55, "high_severity_ids_alert", "critical", "10.0.0.7", None, None, 3),
+]
+
+
+@pytest.fixture
+def lake(spark, tmp_path) -> Lake:
+    lake = Lake(Home.resolve(tmp_path).create())
+    lake.ensure(spark, "alerts")
+    schema = lake.spec("alerts").schema
+    rows = []
+    for alert_id, rule, severity, ip, mac, device, hours in ALERTS:
+        start = T0 + timedelta(hours=hours)
+        row = {f: None for f in schema.fieldNames()}
+        row.update(alert_id=alert_id, rule_id=rule, rule_name=rule, severity=severity, src_ip=ip, mac=mac,
+                   device=device, window_start=start, window_end=start + timedelta(minutes=5),
+                   evidence=f"{rule} on {ip}", event_date=start.date())
+        rows.append(row)
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    return lake
+
+
+def test_changes_merge_into_one_row_per_alert_and_notes_accumulate(spark, lake):
+    first = apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", note="looking", by="ana"), now=T0)
+    apply(spark, lake, ["aaaa11110", "bbbb22220"], Change(assignee="bo", by="ana"), now=T0 + timedelta(minutes=1))
+    last = apply(spark, lake, ["aaaa11110"], Change(status="closed", note="benign: updater", by="bo"),
+                 now=T0 + timedelta(minutes=2))
+    assert last == first + 2
+    state = {r.alert_id[:9]: r for r in lake.read(spark, TRIAGE_TABLE).collect()}
+    assert sorted(state) == ["aaaa11110", "bbbb22220"]  # one row per touched alert
+    closed = state["aaaa11110"]
+    assert (closed.status, closed.assignee, closed.updated_by) == ("closed", "bo", "bo")
+    assert [(n.by, n.text) for n in closed.notes] == [("ana", "looking"), ("bo", "benign: updater")]
+    assert (state["bbbb22220"].status, state["bbbb22220"].assignee, state["bbbb22220"].notes) == ("open", "bo", [])
+    # Every change is a MERGE commit: the earlier state is one time travel away.
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, str(lake.path(TRIAGE_TABLE))).history().collect()
+    assert [h.operation for h in history if h.version >= first] == ["MERGE"] * 3
+    before = {r.alert_id[:9]: r.status for r in lake.read(spark, TRIAGE_TABLE, version=first).collect()}
+    assert before == {"aaaa11110": "acknowledged"}
+
+
+def test_ids_must_name_exactly_one_alert(spark, lake):
+    assert resolve_ids(spark, lake, ["cccc3333", ALERTS[0][0]]) == [ALERTS[3][0], ALERTS[0][0]]
+    with pytest.raises(ValueError, match="aaaa"):  # too short
+        resolve_ids(spark, lake, ["aaaa"])
+    with pytest.raises(ValueError, match=r"aaaa1111 \(2 alerts match\); dddd4444 \(no such alert\)"):
+        resolve_ids(spark, lake, ["aaaa1111", "cccc33330", "dddd4444"])
+    with pytest.raises(ValueError, match="dddd4444"):
+        apply(spark, lake, ["dddd4444"], Change(status="closed"))
+    assert not lake.exists(TRIAGE_TABLE)  # a refused change writes nothing
+    with pytest.raises(ValueError, match="status 'done'"):
+        Change(status="done")
+
+
+def test_queue_filters_and_puts_the_most_severe_and_newest_first(spark, lake):
+    apply(spark, lake, ["bbbb22220"], Change(status="closed", by="ana"))
+    apply(spark, lake, ["aaaa11119"], Change(status="acknowledged", by="ana"))
+    ids = lambda frame: [r.alert_id[:9] for r in frame.collect()]  # noqa: E731
+    assert ids(queue(spark, lake)) == ["cccc33330", "aaaa11119", "aaaa11110"]  # closed left out
+    assert ids(queue(spark, lake, ("closed",))) == ["bbbb22220"]
+    assert ids(queue(spark, lake, ("open",))) == ["cccc33330", "aaaa11110"]
+    assert ids(queue(spark, lake, ("open", "acknowledged", "closed"), host="laptop-5")) == ["bbbb22220", "aaaa11110"]
+    assert ids(queue(spark, lake, host="AA:BB:CC:00:00:06")) == ["aaaa11119"]
+    assert ids(queue(spark, lake, rule="dga_nxdomain_burst")) == ["aaaa11110"]
+    assert ids(queue(spark, lake, severity="critical")) == ["cccc33330"]
+    assert ids(queue(spark, lake, since=T0 + timedelta(hours=1))) == ["cccc33330", "aaaa11119"]
+    assert triaged_alerts(spark, lake).count() == len(ALERTS)  # never triaged: still there, open
+
+
+def test_cli_acks_lists_and_shows(spark, lake, capsys):
+    home = ["--home", str(lake.home.root)]
+    assert main(["alerts", "ack", "aaaa11110", "cccc33330", "--note", "on it", "--by", "ana", *home]) == 0
+    assert "2 alert(s): status acknowledged with a note" in capsys.readouterr().out
+    assert main(["alerts", "list", "--status", "acknowledged", *home]) == 0
+    out = capsys.readouterr()
+    rows = [line.split() for line in out.out.splitlines()[2:]]
+    assert [r[0][:9] for r in rows] == ["cccc33330", "aaaa11110"] and all("acknowledged" in r for r in rows)
+    assert "2 alert(s)" in out.err
+    assert main(["alerts", "show", "cccc33330", *home]) == 0
+    shown = capsys.readouterr().out
+    assert "status" in shown and "acknowledged" in shown and "ana: on it" in shown
+    assert main(["alerts", "close", "zzzz9999", *home]) == 2
+    assert "zzzz9999 (no such alert)" in capsys.readouterr().err
