@@ -97,5 +97,26 @@ def test_cli_acks_lists_and_shows(spark, lake, capsys):
     assert main(["alerts", "show", "cccc33330", *home]) == 0
     shown = capsys.readouterr().out
     assert "status" in shown and "acknowledged" in shown and "ana: on it" in shown
+    assert main(["alerts", "incidents", "--min-risk", "50", *home]) == 0
+    out = capsys.readouterr()
+    assert [line.split()[:3] for line in out.out.splitlines()[2:]] == [["10.0.0.7", "100", "critical"],
+                                                                       ["laptop-6", "50", "high"]]
+    assert "2 incident(s)" in out.err
     assert main(["alerts", "close", "zzzz9999", *home]) == 2
     assert "zzzz9999 (no such alert)" in capsys.readouterr().err
+
+
+def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spark, lake):
+    from pipelines.triage.incidents import incidents
+
+    apply(spark, lake, ["bbbb22220"], Change(status="closed", by="ana"))
+    day = {r.entity: r for r in incidents(spark, lake).collect()}
+    # laptop-5: two medium rules 2 h apart -> one incident, 20 + 20; 10.0.0.7 (unattributed) by IP.
+    assert sorted(day) == ["10.0.0.7", "laptop-5", "laptop-6"]
+    five = day["laptop-5"]
+    assert (five.alerts, five.open_alerts, five.risk, five.max_severity) == (2, 1, 40, "medium")
+    assert five.rules == ["dga_nxdomain_burst", "internal_port_scan"]
+    assert (day["10.0.0.7"].risk, day["10.0.0.7"].max_severity) == (100, "critical")
+    assert [r.entity for r in incidents(spark, lake).collect()][0] == "10.0.0.7"  # riskiest first
+    hourly = [r for r in incidents(spark, lake, timedelta(hours=1)).collect() if r.entity == "laptop-5"]
+    assert sorted((r.alerts, r.risk) for r in hourly) == [(1, 20), (1, 20)]  # 2 h apart: two incidents

@@ -1,4 +1,4 @@
-"""`seclake alerts list|show|ack|close|reopen|assign`: the analyst's queue (docs/triage.md)."""
+"""`seclake alerts list|incidents|show|ack|close|reopen|assign`: the analyst's queue (docs/triage.md)."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +32,15 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     home_arg(listing)
     listing.set_defaults(func=cmd_list)
+
+    grouped = verbs.add_parser("incidents", help="alerts grouped per host in time, with a risk score")
+    grouped.add_argument("--span", type=float, default=24.0, metavar="HOURS",
+                         help="an alert within this many hours of the one before joins its incident (default 24)")
+    grouped.add_argument("--min-risk", type=int, default=0, help="only incidents at least this risky")
+    grouped.add_argument("--all", action="store_true", help="also incidents whose alerts are all closed")
+    grouped.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    home_arg(grouped)
+    grouped.set_defaults(func=cmd_incidents)
 
     show = verbs.add_parser("show", help="one alert with its evidence, state and notes")
     show.add_argument("alert", metavar="ALERT_ID", help="an alert id or a unique prefix (8+ characters)")
@@ -81,6 +90,28 @@ def cmd_list(args: argparse.Namespace) -> int:
                                 f"{r.window_start:%Y-%m-%d %H:%M}" if r.window_start else None,
                                 r.src_ip, r.device, r.status, r.assignee) for r in rows])
     print(f"{len(rows)} alert(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
+    return 0
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from pyspark.sql import functions as F
+
+    from pipelines.terminal import print_table
+    from pipelines.triage.incidents import incidents
+
+    if args.span <= 0:
+        raise ValueError(f"--span {args.span:g}: give a positive number of hours")
+    spark, lake = _spark_and_lake(args)
+    frame = incidents(spark, lake, timedelta(hours=args.span)).where(F.col("risk") >= args.min_risk)
+    if not args.all:
+        frame = frame.where(F.col("open_alerts") > 0)
+    rows = frame.limit(args.limit).collect()
+    print_table(["entity", "risk", "top severity", "alerts", "open", "first (UTC)", "last (UTC)", "rules"],
+                [(r.entity, r.risk, r.max_severity, r.alerts, r.open_alerts, f"{r.first_seen:%Y-%m-%d %H:%M}",
+                  f"{r.last_seen:%Y-%m-%d %H:%M}", ", ".join(r.rules)) for r in rows])
+    print(f"{len(rows)} incident(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
     return 0
 
 

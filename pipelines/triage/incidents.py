@@ -1,0 +1,50 @@
+"""Incidents: the alerts of one entity grouped in time, with a risk score (risk-based alerting).
+
+The entity is the device when the alert was attributed, else its MAC, else its source IP.
+An entity's alerts, ordered by window start, form one incident while each starts within `span`
+of the one before; a longer gap starts another. The risk score adds, per distinct rule in the
+incident, the weight of the highest severity it raised (critical 100, high 50, medium 20, low 5,
+info 1): ten alerts of one noisy rule weigh less than three different rules firing on one host,
+which is the point of risk-based alerting.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+from pipelines.triage.store import CLOSED, triaged_alerts
+
+SEVERITY_WEIGHT = {"critical": 100, "high": 50, "medium": 20, "low": 5, "info": 1}
+PLATFORM_RULE_PREFIX = "seclake."  # platform alerts (a rule disabled) concern no entity
+
+
+def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> DataFrame:
+    """One row per incident: `entity`, `first_seen`, `last_seen`, `alerts`, `open_alerts`,
+    `rules` (distinct rule ids), `max_severity`, `risk`, `alert_ids`; riskiest first."""
+    weight = F.create_map(*[x for s, w in SEVERITY_WEIGHT.items() for x in (F.lit(s), F.lit(w))])
+    alerts = (triaged_alerts(spark, lake)
+              .where(~F.col("rule_id").startswith(PLATFORM_RULE_PREFIX))
+              .withColumn("entity", F.coalesce("device", "mac", "src_ip"))
+              .where(F.col("entity").isNotNull())
+              .withColumn("weight", F.coalesce(weight[F.col("severity")], F.lit(0))))
+    by_entity = Window.partitionBy("entity").orderBy("window_start", "alert_id")
+    gap = F.col("window_start").cast("long") - F.lag("window_start").over(by_entity).cast("long")
+    starts = F.when(gap.isNull() | (gap > int(span.total_seconds())), 1).otherwise(0)
+    numbered = (alerts.withColumn("starts", starts)
+                .withColumn("incident", F.sum("starts").over(by_entity.rowsBetween(Window.unboundedPreceding, 0))))
+    per_rule = (numbered.groupBy("entity", "incident", "rule_id").agg(F.max("weight").alias("rule_weight")))
+    risk = per_rule.groupBy("entity", "incident").agg(F.sum("rule_weight").alias("risk"),
+                                                      F.sort_array(F.collect_list("rule_id")).alias("rules"))
+    grouped = numbered.groupBy("entity", "incident").agg(
+        F.min("window_start").alias("first_seen"), F.max(F.coalesce("window_end", "window_start")).alias("last_seen"),
+        F.count("*").alias("alerts"), F.sum(F.when(F.col("status") != CLOSED, 1).otherwise(0)).alias("open_alerts"),
+        F.max("weight").alias("top_weight"), F.sort_array(F.collect_list("alert_id")).alias("alert_ids"))
+    names = F.create_map(*[x for s, w in SEVERITY_WEIGHT.items() for x in (F.lit(w), F.lit(s))])
+    return (grouped.join(risk, ["entity", "incident"])
+            .withColumn("max_severity", names[F.col("top_weight")])
+            .select("entity", "first_seen", "last_seen", "alerts", "open_alerts", "rules", "max_severity", "risk",
+                    "alert_ids")
+            .orderBy(F.col("risk").desc(), F.col("last_seen").desc(), "entity"))
