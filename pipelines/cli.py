@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_triage_commands(sub, _home_arg)
 
+    from pipelines.intel.cli import add_commands as add_intel_commands
+
+    add_intel_commands(sub, _home_arg)
+
     from pipelines.operations.cli import add_commands as add_operations_commands
 
     add_operations_commands(sub, _home_arg, _settings_arg)

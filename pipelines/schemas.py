@@ -197,6 +197,18 @@ ALERT_TRIAGE_SCHEMA = StructType(_fields(
     ("updated_at", TimestampType()),
 ))
 
+# One row per indicator of compromise (pipelines/intel/): its feed, type (ip or domain), value
+# and validity; `indicator_key` = source, type and value, the MERGE key of `seclake intel load`.
+INDICATORS_SCHEMA = StructType(_fields(
+    ("indicator_key", StringType()),
+    ("source", StringType()),
+    ("type", StringType()),
+    ("value", StringType()),
+    ("valid_from", TimestampType()),
+    ("valid_until", TimestampType()),
+    ("loaded_at", TimestampType()),
+))
+
 # ---- attribution (issue 5): dhcp_leases, enriched_<kind>, late_events; rules in docs/attribution.md
 
 # One row per lease segment: [valid_from, valid_to) during which `mac` held `ip`. Segments of one

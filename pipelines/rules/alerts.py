@@ -61,14 +61,14 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
     return rows.select(*[values[f.name].cast(f.dataType).alias(f.name) for f in ALERTS_SCHEMA.fields], *carry)
 
 
-def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule: Rule) -> DataFrame:
-    """The rows of `alerts` whose alert_id the alerts table does not hold yet (for this rule,
-    in the partitions the batch touches): a replay without its txn, a restarted checkpoint or
-    a backfill never adds an alert twice."""
+def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule_id: str) -> DataFrame:
+    """The rows of `alerts` whose alert_id the alerts table does not hold yet (for rule
+    `rule_id`, in the partitions the batch touches): a replay without its txn, a restarted
+    checkpoint, a backfill or a second sweep never adds an alert twice."""
     dates = [r.event_date for r in alerts.select("event_date").distinct().collect()]
     if not dates:
         return alerts
     existing = (read_table(alerts.sparkSession, alerts_path)
-                .where(F.col("event_date").isin(dates) & (F.col("rule_id") == rule.id))
+                .where(F.col("event_date").isin(dates) & (F.col("rule_id") == rule_id))
                 .select("alert_id"))
     return alerts.join(existing, "alert_id", "left_anti")

@@ -216,7 +216,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
     try:
         lake.ensure(spark, ALERTS_TABLE)
-        fresh = unseen(found, lake.path(ALERTS_TABLE), rule)
+        fresh = unseen(found, lake.path(ALERTS_TABLE), rule.id)
         # Its own writer id; the version only has to grow between runs.
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
         result = sink.write_batch(fresh, int(datetime.now(timezone.utc).timestamp() * 1000))

@@ -96,7 +96,7 @@ class AlertWriter:
         alerts = fresh = None
         try:
             alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
-            fresh = unseen(alerts, self.alerts_path, self.rule).persist()
+            fresh = unseen(alerts, self.alerts_path, self.rule.id).persist()
             total, new = alerts.count(), fresh.count()
             result = self.sink.write_batch(fresh, batch_id)
         except Exception as exc:

@@ -1,0 +1,1 @@
+"""Threat intelligence: indicator feeds into `indicators`, and the sweep of history for matches."""
