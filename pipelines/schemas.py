@@ -171,6 +171,7 @@ ALERTS_SCHEMA = StructType(_fields(
     ("details", StringType()),
     ("detected_at", TimestampType()),
     ("event_date", DateType()),
+    ("suppressed_by", StringType()),
 ))
 
 # One row per change of a rule's health (pipelines/rules/health.py): a failure, a disable, a
@@ -195,6 +196,19 @@ ALERT_TRIAGE_SCHEMA = StructType(_fields(
     ("notes", ArrayType(TRIAGE_NOTE, True)),
     ("updated_by", StringType()),
     ("updated_at", TimestampType()),
+))
+
+# One row per suppression (pipelines/triage/suppressions.py); `expired_at` set by `suppress expire`.
+SUPPRESSIONS_SCHEMA = StructType(_fields(
+    ("suppression_id", StringType()),
+    ("rule_id", StringType()),
+    ("match_type", StringType()),
+    ("match_value", StringType()),
+    ("reason", StringType()),
+    ("author", StringType()),
+    ("created_at", TimestampType()),
+    ("expires_at", TimestampType()),
+    ("expired_at", TimestampType()),
 ))
 
 # One row per indicator of compromise (pipelines/intel/): its feed, type (ip or domain), value

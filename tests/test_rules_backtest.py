@@ -101,3 +101,11 @@ def test_report_prints_aligned_tables():
     assert table[3].split() == ["10.0.1.20", "-", "-", "-", "1"]
     assert len(table[2]) == len(table[3])  # counts end in the same column
     assert any(line.split() == ["dga", "1", "1"] for block in lines for line in block.splitlines())
+
+
+def test_the_headline_counts_what_each_suppression_removes():
+    when = datetime(2026, 11, 20, 10, tzinfo=timezone.utc)
+    alerts = [{"window_start": when, "window_end": when, "src_ip": f"10.0.0.{n}", "mac": None, "device": None,
+               "owner": None, "evidence": "x", "suppressed_by": by} for n, by in enumerate(["s1", "s1", "s2", None])]
+    headline = Backtest(validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql"), None, None, alerts).lines()[0]
+    assert headline.endswith(": 4 alerts (3 suppressed: 2 by s1, 1 by s2)"), headline

@@ -120,3 +120,45 @@ def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spar
     assert [r.entity for r in incidents(spark, lake).collect()][0] == "10.0.0.7"  # riskiest first
     hourly = [r for r in incidents(spark, lake, timedelta(hours=1)).collect() if r.entity == "laptop-5"]
     assert sorted((r.alerts, r.risk) for r in hourly) == [(1, 20), (1, 20)]  # 2 h apart: two incidents
+
+
+def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
+    from pipelines.triage.suppressions import Suppression, add, expire, mark
+
+    scan = add(spark, lake, Suppression("cidr", "10.0.0.4/31", "lab scanner", rule_id="internal_port_scan"), now=T0)
+    mac = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
+    gone = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
+    ended = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
+    expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
+    later = T0 + timedelta(hours=2)
+    marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake, at=later).collect()}
+    # the CIDR covers .4-.5 for one rule; the MAC one every rule; the expired ones nothing.
+    assert marked == {"aaaa11110": None, "aaaa11119": mac, "bbbb22220": scan, "cccc33330": None}
+    assert gone not in marked.values()
+    with pytest.raises(ValueError, match="only IPv4"):
+        Suppression("cidr", "2001:db8::/64", "v6")
+    with pytest.raises(ValueError, match="no suppression 'nope'"):
+        expire(spark, lake, "nope")
+
+
+def test_a_suppressed_alert_is_written_with_suppressed_by_and_left_out_of_the_queue(spark, lake, capsys, tmp_path):
+    from pipelines.intel.store import load
+
+    home = ["--home", str(lake.home.root)]
+    assert main(["suppress", "add", "--all-rules", "--domain", "Evil.test", "--reason", "sinkhole", "--by", "ana",
+                 *home]) == 0
+    ident = capsys.readouterr().out.split()[1].rstrip(":")
+    dns = lake.spec("enriched_dns").schema
+    row = {**{f: None for f in dns.fieldNames()}, "event_id": "d1", "event_time": T0, "event_date": T0.date(),
+           "src_ip": "10.0.0.9", "query": "evil.test"}
+    lake.ensure(spark, "enriched_dns")
+    spark.createDataFrame([row], dns).write.format("delta").mode("append").save(str(lake.path("enriched_dns")))
+    (tmp_path / "feed.txt").write_text("evil.test\n")
+    assert load(spark, lake, tmp_path / "feed.txt", now=T0 + timedelta(hours=1)).alerts == 1
+    written = lake.read(spark, "alerts").where("rule_id = 'seclake.intel_match'").collect()
+    assert [a.suppressed_by for a in written] == [ident]  # written, marked, not dropped
+    assert "10.0.0.9" not in [r.src_ip for r in queue(spark, lake).collect()]
+    assert "10.0.0.9" in [r.src_ip for r in queue(spark, lake, suppressed=True).collect()]
+    assert main(["suppress", "expire", ident, *home]) == 0
+    assert main(["suppress", "list", *home]) == 0
+    assert "expired" in capsys.readouterr().out.splitlines()[-1]

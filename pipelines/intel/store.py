@@ -20,6 +20,7 @@ from pipelines.intel.feeds import DOMAIN, IP, read_feed
 from pipelines.lake.registry import Lake
 from pipelines.rules.alerts import unseen
 from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.triage.suppressions import mark
 
 INDICATORS_TABLE = "indicators"
 INTEL_RULE_ID = "seclake.intel_match"
@@ -98,7 +99,7 @@ def matches(spark: SparkSession, lake: Lake, since: datetime, at: datetime) -> D
                                     F.col("observed"), F.col("feed"), F.col("indicator"), F.col("events"),
                                     F.col("seen_in")),
         "details": F.to_json(F.struct("indicator", "feed", "events", "seen_in")),
-        "detected_at": F.current_timestamp(), "event_date": F.col("event_date"),
+        "detected_at": F.current_timestamp(), "event_date": F.col("event_date"), "suppressed_by": F.lit(None),
     }
     return grouped.select(*[values[f.name].cast(f.dataType).alias(f.name) for f in ALERTS_SCHEMA.fields])
 
@@ -109,8 +110,8 @@ def sweep(spark: SparkSession, lake: Lake, batch_id: int, sweep_days: int = 90, 
     `batch_id` (the indicators version swept) makes the append idempotent, like a stream batch."""
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     lake.ensure(spark, ALERTS_TABLE)
-    fresh = unseen(matches(spark, lake, at - timedelta(days=sweep_days), at), lake.path(ALERTS_TABLE),
-                   INTEL_RULE_ID).persist()
+    found = matches(spark, lake, at - timedelta(days=sweep_days), at)
+    fresh = mark(unseen(found, lake.path(ALERTS_TABLE), INTEL_RULE_ID), lake, at).persist()
     try:
         count = fresh.count()
         if count:

@@ -59,6 +59,9 @@ def _specs() -> dict[str, TableSpec]:
                            kept_by="the rules' runners"))
     specs.append(TableSpec("alert_triage", "gold", "one row per triaged alert: status, assignee, notes; "
                            "updated with MERGE", schemas.ALERT_TRIAGE_SCHEMA, kept_by="seclake alerts"))
+    specs.append(TableSpec("suppressions", "gold", "known-benign findings: rule, entity, reason, expiry; an alert "
+                           "they match is written with suppressed_by", schemas.SUPPRESSIONS_SCHEMA,
+                           kept_by="seclake suppress"))
     specs.append(TableSpec("indicators", "gold", "threat-intel indicators (IPs, domains) by feed, with validity; "
                            "loaded with MERGE", schemas.INDICATORS_SCHEMA, kept_by="seclake intel load"))
     return {spec.name: spec for spec in specs}

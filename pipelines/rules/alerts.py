@@ -57,6 +57,7 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
         "details": details,
         "detected_at": F.current_timestamp(),
         "event_date": F.to_date(F.col("window_start")),
+        "suppressed_by": F.lit(None),  # set by pipelines.triage.suppressions.mark when written
     }
     return rows.select(*[values[f.name].cast(f.dataType).alias(f.name) for f in ALERTS_SCHEMA.fields], *carry)
 

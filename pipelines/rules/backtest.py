@@ -25,6 +25,7 @@ from pipelines.rules.alerts import alert_frame, alert_id, unseen
 from pipelines.rules.engine import rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, table_path
+from pipelines.triage.suppressions import mark
 
 GROUND_TRUTH = "ground_truth.jsonl"
 
@@ -154,6 +155,10 @@ class Backtest:
 
         span = f"{_fmt(self.start) if self.start else 'start'} .. {_fmt(self.end) if self.end else 'end'}"
         out = [f"{self.rule.slug} v{self.rule.version} ({self.rule.severity}) over {span}: {len(self.alerts)} alerts"]
+        suppressed = Counter(a["suppressed_by"] for a in self.alerts if a.get("suppressed_by"))
+        if suppressed:
+            out[0] += f" ({sum(suppressed.values())} suppressed: " + ", ".join(
+                f"{n} by {ident}" for ident, n in suppressed.most_common()) + ")"
         if self.alerts:
             out += ["", format_table(["day", "alerts"], [(str(day), n) for day, n in self.per_day().items()])]
             out += ["", format_table(["src_ip", "mac", "device", "owner", "alerts"],
@@ -216,7 +221,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
     try:
         lake.ensure(spark, ALERTS_TABLE)
-        fresh = unseen(found, lake.path(ALERTS_TABLE), rule.id)
+        fresh = mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake)
         # Its own writer id; the version only has to grow between runs.
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
         result = sink.write_batch(fresh, int(datetime.now(timezone.utc).timestamp() * 1000))
@@ -226,7 +231,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
 
 
 def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None, end: datetime | None) -> list[dict]:
-    return collect_alerts(run_batch(spark, rule, _loader(lake, rule, start, end)))
+    return collect_alerts(mark(run_batch(spark, rule, _loader(lake, rule, start, end)), lake))
 
 
 def _loader(lake: Lake, rule: Rule, start: datetime | None,

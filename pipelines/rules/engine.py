@@ -52,6 +52,7 @@ from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
 from pipelines.rules.status import RuleStatus, rule_status, utc_now
 from pipelines.rules.tables import ALERTS_TABLE, table_path
 from pipelines.settings import Settings
+from pipelines.triage.suppressions import mark
 
 log = logging.getLogger("seclake.rules")
 
@@ -80,6 +81,7 @@ class AlertWriter:
                  marker: Path) -> None:
         self.rule = rule
         self.content_hash = rule.content_hash
+        self.lake = lake
         self.alerts_path = lake.path(ALERTS_TABLE)
         self.sink = lake.sink(ALERTS_TABLE, app_id=app_id)
         self.history: list[BatchStats] = []
@@ -96,7 +98,7 @@ class AlertWriter:
         alerts = fresh = None
         try:
             alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
-            fresh = unseen(alerts, self.alerts_path, self.rule.id).persist()
+            fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
             total, new = alerts.count(), fresh.count()
             result = self.sink.write_batch(fresh, batch_id)
         except Exception as exc:

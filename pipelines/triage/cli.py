@@ -1,4 +1,5 @@
-"""`seclake alerts list|incidents|show|ack|close|reopen|assign`: the analyst's queue (docs/triage.md)."""
+"""`seclake alerts list|incidents|show|ack|close|reopen|assign` and `seclake suppress add|list|expire`:
+the analyst's queue (docs/triage.md)."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,12 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
-LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee"]
+LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
+                "suppressed by"]
 
 
 def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
-    """Add `alerts` and its sub-commands to the `seclake` command line.
+    """Add `alerts` and `suppress` and their sub-commands to the `seclake` command line.
 
     >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
     >>> add_commands(sub, lambda p: p.add_argument("--home"))
@@ -30,6 +32,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     listing.add_argument("--host", help="an IP, MAC or device name")
     listing.add_argument("--since", help="window start at or after this UTC time, e.g. 2026-11-20T06:00")
     listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    listing.add_argument("--suppressed", action="store_true", help="include suppressed alerts")
     home_arg(listing)
     listing.set_defaults(func=cmd_list)
 
@@ -60,6 +63,29 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
         change.set_defaults(func=cmd_change, status=status)
 
 
+    suppress = sub.add_parser("suppress", help="known-benign findings as data: add, list, expire")
+    actions = suppress.add_subparsers(dest="suppress_command", required=True)
+    adding = actions.add_parser("add", help="mark alerts of a rule (or all rules) on an entity as suppressed")
+    scope = adding.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--rule", help="the rule id it applies to")
+    scope.add_argument("--all-rules", action="store_true", help="apply to every rule")
+    entity = adding.add_mutually_exclusive_group(required=True)
+    for kind in ("ip", "cidr", "mac", "device", "domain"):
+        entity.add_argument(f"--{kind}", metavar=kind.upper())
+    adding.add_argument("--reason", required=True, help="why it is benign (kept with it)")
+    adding.add_argument("--expires", help="UTC time it ends, e.g. 2026-12-31 (default: never)")
+    adding.add_argument("--by", default=None, help="author (default: the login name)")
+    home_arg(adding)
+    adding.set_defaults(func=cmd_suppress_add)
+    listing = actions.add_parser("list", help="every suppression, active or not")
+    home_arg(listing)
+    listing.set_defaults(func=cmd_suppress_list)
+    ending = actions.add_parser("expire", help="end a suppression now")
+    ending.add_argument("suppression", metavar="ID")
+    home_arg(ending)
+    ending.set_defaults(func=cmd_suppress_expire)
+
+
 def _spark_and_lake(args: argparse.Namespace):
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
@@ -78,6 +104,45 @@ def _since(text: str | None) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
+def cmd_suppress_add(args: argparse.Namespace) -> int:
+    from pipelines.triage.suppressions import MATCH_TYPES, Suppression, add
+
+    kind = next(k for k in MATCH_TYPES if getattr(args, k) is not None)
+    suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=args.rule,
+                              expires_at=_since(args.expires), author=args.by or getpass.getuser())
+    spark, lake = _spark_and_lake(args)
+    ident = add(spark, lake, suppression)
+    print(f"suppression {ident}: {args.rule or 'every rule'} on {kind} {getattr(args, kind)}"
+          f"{f' until {args.expires}' if args.expires else ''}")
+    return 0
+
+
+def cmd_suppress_list(args: argparse.Namespace) -> int:
+    from pipelines.terminal import print_table
+    from pipelines.triage.suppressions import SUPPRESSIONS_TABLE
+
+    spark, lake = _spark_and_lake(args)
+    rows = lake.read(spark, SUPPRESSIONS_TABLE).orderBy("created_at").collect() if lake.exists(
+        SUPPRESSIONS_TABLE) else []
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    print_table(["id", "rule", "match", "reason", "by", "created (UTC)", "state"],
+                [(r.suppression_id, r.rule_id or "(all)", f"{r.match_type} {r.match_value}", r.reason, r.author,
+                  f"{r.created_at:%Y-%m-%d %H:%M}",
+                  "expired" if r.expired_at or (r.expires_at and r.expires_at <= now)
+                  else f"until {r.expires_at:%Y-%m-%d %H:%M}" if r.expires_at else "active") for r in rows])
+    return 0
+
+
+def cmd_suppress_expire(args: argparse.Namespace) -> int:
+    from pipelines.triage.suppressions import expire
+
+    spark, lake = _spark_and_lake(args)
+    version = expire(spark, lake, args.suppression)
+    print(f"suppression {args.suppression} expired (suppressions v{version}); alerts written from now on "
+          "are no longer marked by it")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from pipelines.terminal import print_table
     from pipelines.triage.store import ACKNOWLEDGED, MIN_PREFIX, OPEN, STATUSES, queue
@@ -85,10 +150,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     statuses = tuple(STATUSES) if "all" in args.status else tuple(args.status) or (OPEN, ACKNOWLEDGED)
     spark, lake = _spark_and_lake(args)
     rows = queue(spark, lake, statuses, rule=args.rule, severity=args.severity, host=args.host,
-                 since=_since(args.since)).limit(args.limit).collect()
+                 since=_since(args.since), suppressed=args.suppressed).limit(args.limit).collect()
     print_table(LIST_COLUMNS, [(r.alert_id[:MIN_PREFIX + 4], r.severity, r.rule_id,
                                 f"{r.window_start:%Y-%m-%d %H:%M}" if r.window_start else None,
-                                r.src_ip, r.device, r.status, r.assignee) for r in rows])
+                                r.src_ip, r.device, r.status, r.assignee, r.suppressed_by) for r in rows])
     print(f"{len(rows)} alert(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
     return 0
 

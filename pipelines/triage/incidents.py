@@ -1,6 +1,7 @@
 """Incidents: the alerts of one entity grouped in time, with a risk score (risk-based alerting).
 
 The entity is the device when the alert was attributed, else its MAC, else its source IP.
+Suppressed alerts and platform alerts (a rule disabled) take no part.
 An entity's alerts, ordered by window start, form one incident while each starts within `span`
 of the one before; a longer gap starts another. The risk score adds, per distinct rule in the
 incident, the weight of the highest severity it raised (critical 100, high 50, medium 20, low 5,
@@ -26,7 +27,7 @@ def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours
     `rules` (distinct rule ids), `max_severity`, `risk`, `alert_ids`; riskiest first."""
     weight = F.create_map(*[x for s, w in SEVERITY_WEIGHT.items() for x in (F.lit(s), F.lit(w))])
     alerts = (triaged_alerts(spark, lake)
-              .where(~F.col("rule_id").startswith(PLATFORM_RULE_PREFIX))
+              .where(~F.col("rule_id").startswith(PLATFORM_RULE_PREFIX) & F.col("suppressed_by").isNull())
               .withColumn("entity", F.coalesce("device", "mac", "src_ip"))
               .where(F.col("entity").isNotNull())
               .withColumn("weight", F.coalesce(weight[F.col("severity")], F.lit(0))))

@@ -85,9 +85,11 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
 
 
 def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
-    """Every alert with its triage state: `status` (open when never triaged), `assignee`, `notes`,
-    `updated_by`, `updated_at`."""
+    """Every alert (suppressed ones too) with its triage state: `status` (open when never
+    triaged), `assignee`, `notes`, `updated_by`, `updated_at`."""
     alerts = lake.read(spark, ALERTS_TABLE)
+    if "suppressed_by" not in alerts.columns:  # an alerts table written before suppressions
+        alerts = alerts.withColumn("suppressed_by", F.lit(None).cast("string"))
     if not lake.exists(TRIAGE_TABLE):
         state = spark.createDataFrame([], lake.spec(TRIAGE_TABLE).schema)
     else:
@@ -98,13 +100,16 @@ def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
 
 def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, ACKNOWLEDGED),
           rule: str | None = None, severity: str | None = None, host: str | None = None,
-          since: datetime | None = None) -> DataFrame:
+          since: datetime | None = None, suppressed: bool = False) -> DataFrame:
     """The alerts to look at: filtered by status, rule id, severity, host (IP, MAC or device
-    name) and window start, most severe first, newest first within a severity."""
+    name) and window start, most severe first, newest first within a severity. Suppressed
+    alerts only with `suppressed`."""
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
         raise ValueError(f"status {', '.join(unknown)}: expected one of {', '.join(STATUSES)}")
     frame = triaged_alerts(spark, lake).where(F.col("status").isin(*statuses))
+    if not suppressed:
+        frame = frame.where(F.col("suppressed_by").isNull())
     if rule:
         frame = frame.where(F.col("rule_id") == rule)
     if severity:

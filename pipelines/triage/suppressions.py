@@ -1,0 +1,121 @@
+"""Suppressions as data: known-benign findings marked, with a reason and an expiry, never dropped.
+
+A suppression names a rule (or every rule) and an entity: an IP, a CIDR (IPv4), a MAC, a device,
+or a domain (found in the alert's `evidence` or `details`). Every writer of `alerts` (the rule
+queries, run-once, `rules backtest --write`, the intel sweep) passes its new alerts through
+`mark`: an alert that an active suppression matches is written with `suppressed_by` set to that
+suppression's id, so it stays visible and countable, and the queue leaves it out. Expiring a
+suppression (or its `expires_at` passing) affects alerts written after that only.
+"""
+from __future__ import annotations
+
+import ipaddress
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+
+SUPPRESSIONS_TABLE = "suppressions"
+MATCH_TYPES = ("ip", "cidr", "mac", "device", "domain")
+
+
+@dataclass(frozen=True)
+class Suppression:
+    """One suppression as `seclake suppress add` is given it."""
+
+    match_type: str
+    match_value: str
+    reason: str
+    rule_id: str | None = None
+    expires_at: datetime | None = None
+    author: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if self.match_type not in MATCH_TYPES:
+            raise ValueError(f"match type {self.match_type!r}: expected one of {', '.join(MATCH_TYPES)}")
+        if not self.reason.strip():
+            raise ValueError("a suppression needs a reason")
+        if self.match_type == "ip":
+            ipaddress.ip_address(self.match_value)
+        if self.match_type == "cidr":
+            network = ipaddress.ip_network(self.match_value, strict=False)
+            if network.version != 4:
+                raise ValueError(f"cidr {self.match_value}: only IPv4 networks (give IPv6 hosts with --ip)")
+
+
+def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime | None = None) -> str:
+    """Append `suppression` to `suppressions`; its new id."""
+    at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    ident = uuid.uuid4().hex[:12]
+    value = suppression.match_value.lower() if suppression.match_type in ("mac", "domain") else suppression.match_value
+    if suppression.match_type == "cidr":
+        value = str(ipaddress.ip_network(value, strict=False))
+    row = (ident, suppression.rule_id, suppression.match_type, value, suppression.reason, suppression.author, at,
+           suppression.expires_at.astimezone(timezone.utc) if suppression.expires_at else None, None)
+    lake.ensure(spark, SUPPRESSIONS_TABLE)
+    frame = spark.createDataFrame([row], lake.spec(SUPPRESSIONS_TABLE).schema)
+    lake.sink(SUPPRESSIONS_TABLE, app_id=f"suppress:{ident}").write_batch(frame, 0)
+    return ident
+
+
+def expire(spark: SparkSession, lake: Lake, ident: str, now: datetime | None = None) -> int:
+    """End suppression `ident` now (one MERGE); the table version. ValueError names an unknown id."""
+    from pipelines.lake.merge import upsert
+
+    if not lake.exists(SUPPRESSIONS_TABLE) or lake.read(spark, SUPPRESSIONS_TABLE).where(
+            F.col("suppression_id") == ident).isEmpty():
+        raise ValueError(f"no suppression {ident!r} (seclake suppress list shows them)")
+    at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    rows = spark.createDataFrame([(ident, at)], "suppression_id string, expired_at timestamp")
+    return upsert(spark, lake.path(SUPPRESSIONS_TABLE), rows, "suppression_id",
+                  update={"expired_at": "coalesce(t.expired_at, s.expired_at)"}, insert={})
+
+
+def active(spark: SparkSession, lake: Lake, at: datetime | None = None) -> DataFrame:
+    """The suppressions in force at `at` (now): not expired, not past `expires_at`."""
+    when = F.lit((at or datetime.now(timezone.utc)).astimezone(timezone.utc))
+    return (lake.read(spark, SUPPRESSIONS_TABLE)
+            .where(F.col("expired_at").isNull() | (F.col("expired_at") > when))
+            .where(F.col("expires_at").isNull() | (F.col("expires_at") > when)))
+
+
+def _ipv4_number(column: Column) -> Column:
+    parts = F.split(column, r"\.")
+    number = F.lit(0).cast("long")
+    for index in range(4):
+        number = number * 256 + parts.getItem(index).cast("long")
+    return F.when(column.rlike(r"^\d{1,3}(\.\d{1,3}){3}$"), number)
+
+
+def mark(alerts: DataFrame, lake: Lake, at: datetime | None = None) -> DataFrame:
+    """`alerts` with `suppressed_by` set to the id of the first active suppression matching each
+    (by suppression id), NULL when none does. Reads `suppressions` once (it is small)."""
+    if not lake.exists(SUPPRESSIONS_TABLE):
+        return alerts
+    found = active(alerts.sparkSession, lake, at).collect()
+    if not found:
+        return alerts
+    verdict: Column = F.lit(None).cast("string")
+    for s in sorted(found, key=lambda s: s.suppression_id, reverse=True):
+        value = s.match_value
+        if s.match_type == "ip":
+            hit = F.col("src_ip") == value
+        elif s.match_type == "cidr":
+            network = ipaddress.ip_network(value)
+            lo, hi = int(network.network_address), int(network.broadcast_address)
+            hit = _ipv4_number(F.col("src_ip")).between(lo, hi)
+        elif s.match_type == "mac":
+            hit = F.lower(F.col("mac")) == value
+        elif s.match_type == "device":
+            hit = F.col("device") == value
+        else:
+            hit = (F.lower(F.coalesce(F.col("evidence"), F.lit(""))).contains(value)
+                   | F.lower(F.coalesce(F.col("details"), F.lit(""))).contains(value))
+        if s.rule_id is not None:
+            hit = hit & (F.col("rule_id") == s.rule_id)
+        verdict = F.when(F.coalesce(hit, F.lit(False)), F.lit(s.suppression_id)).otherwise(verdict)
+    return alerts.withColumn("suppressed_by", F.coalesce(F.col("suppressed_by"), verdict))
