@@ -10,14 +10,15 @@ next reload without editing this package:
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
   (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
   (`assets/table_state.py`); `maintenance_job`, `retention_job` and their schedules
-  (`assets/operations.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
+  (`assets/operations.py`); `intel_load_job` and `intel_sensor` (`assets/intel.py`); resources
+  chosen by `$SECLAKE_ENV` (`assets/resources.py`).
 """
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dagster import Definitions, in_process_executor
 
-from assets import automation, checks, jobs, operations, rules, table_state, tables
+from assets import automation, checks, intel, jobs, operations, rules, table_state, tables
 from assets.resources import resources_for_environment
 from pipelines.query import Stage
 from pipelines.stages import stages, table_stages
@@ -37,9 +38,10 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
     return Definitions(
         assets=assets,
         asset_checks=[*checks.quality_checks(pipeline_stages), *rules.rule_checks(folder)],
-        jobs=[jobs.run_once_job_def(), jobs.stream_job, operations.maintenance_job, operations.retention_job],
+        jobs=[jobs.run_once_job_def(), jobs.stream_job, operations.maintenance_job, operations.retention_job,
+              intel.intel_load_job],
         schedules=[automation.run_once_schedule_def(), operations.maintenance_schedule, operations.retention_schedule],
-        sensors=[automation.landing_sensor, table_state.table_state_sensor],
+        sensors=[automation.landing_sensor, table_state.table_state_sensor, intel.intel_sensor],
         resources=dict(resources) if resources is not None else resources_for_environment(env),
         executor=in_process_executor,
     )

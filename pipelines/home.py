@@ -49,6 +49,11 @@ class Home:
     def checkpoint(self, name: str) -> Path:
         return self.checkpoints / name
 
+    @property
+    def intel(self) -> Path:
+        """Indicator feeds dropped here are loaded by Dagster's `intel_sensor` (docs/triage.md)."""
+        return self.root / "intel"
+
     def create(self) -> "Home":
         """Create the standard sub-folders (idempotent) and return self."""
         for d in (self.landing, self.tables, self.checkpoints, self.reference):

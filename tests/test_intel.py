@@ -79,3 +79,39 @@ def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path
     old.write_text("198.51.100.1\n")
     assert load(spark, lake, old, now=NOW, valid_days=1, sweep_days=90).alerts == 1
     assert load(spark, lake, old, now=NOW + timedelta(days=100), sweep_days=90).alerts == 0
+
+
+def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(spark, lake):
+    import os
+
+    from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
+
+    from assets import intel
+    from assets.definitions import build_definitions
+    from assets.resources import LakeResource, SparkResource
+
+    resource = LakeResource(home=str(lake.home.root))
+    instance = DagsterInstance.ephemeral()
+
+    def tick(cursor):
+        return intel.intel_sensor(build_sensor_context(cursor=cursor, instance=instance,
+                                                       resources={"lake": resource}))
+
+    assert isinstance(tick(None), SkipReason)  # no intel folder yet
+    lake.home.intel.mkdir()
+    feed = lake.home.intel / "threatfox.csv"
+    feed.write_text('# "first_seen_utc","ioc_value","ioc_type"\n"2026-11-01","evil.test","domain"\n')
+    (lake.home.intel / ".partial.tmp").write_text("x")
+    first = tick(None)
+    assert isinstance(first, SensorResult) and [r.tags["seclake/feed"] for r in first.run_requests] == ["threatfox.csv"]
+    assert isinstance(tick(first.cursor), SkipReason)  # unchanged: no second run
+    os.utime(feed, (1, 2))
+    assert len(tick(first.cursor).run_requests) == 1  # a new version of the feed runs again
+
+    # The job the sensor requests, run with its config.
+    defs = build_definitions(resources={"spark": SparkResource(ui=False), "lake": resource})
+    done = defs.resolve_job_def(intel.INTEL_JOB).execute_in_process(
+        run_config=first.run_requests[0].run_config, instance=instance)
+    assert done.success
+    found = lake.read(spark, "alerts").where("rule_id = 'seclake.intel_match'").collect()
+    assert [a.src_ip for a in found] == ["10.0.0.5"] and "threatfox.csv" in found[0].evidence

@@ -1,0 +1,75 @@
+"""`intel_load_job` and `intel_sensor`: an indicator feed dropped in `<home>/intel/` is loaded
+into `indicators` and history is swept for matches (`pipelines.intel.store.load`)."""
+import json
+from pathlib import Path
+
+from dagster import (
+    AssetMaterialization,
+    Config,
+    DefaultSensorStatus,
+    OpExecutionContext,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    in_process_executor,
+    job,
+    op,
+    sensor,
+)
+from pydantic import Field
+
+from assets.resources import LakeResource, SparkResource
+from assets.tables import LAKE_POOL, table_key
+
+INTEL_JOB = "intel_load_job"
+
+
+class IntelConfig(Config):
+    file: str = Field(description="the feed to load: a plain list or CSV of IPs and domains")
+    source: str | None = Field(default=None, description="the feed's name (default: the file name)")
+    sweep_days: int = Field(default=90, description="days of history searched for matches")
+
+
+@op(pool=LAKE_POOL, description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
+def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: SparkResource, lake: LakeResource):
+    from pipelines.intel.store import INDICATORS_TABLE, INTEL_RULE_ID, load
+
+    result = load(spark.session, lake.lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
+    context.log.info(f"{result.indicators} indicator(s) loaded ({result.skipped} skipped), "
+                     f"{result.alerts} new alert(s) from the sweep")
+    context.log_event(AssetMaterialization(
+        asset_key=table_key(INDICATORS_TABLE), description=f"loaded from {config.file}",
+        metadata={"version": result.version, "indicators_in_file": result.indicators,
+                  "skipped_lines": result.skipped, "new_alerts": result.alerts, "alerts_rule": INTEL_RULE_ID}))
+
+
+@job(name=INTEL_JOB, executor_def=in_process_executor, tags={"seclake/mode": "intel"},
+     description="Load one indicator feed and sweep history for matches")
+def intel_load_job():
+    load_indicators()
+
+
+def feed_files(folder: Path) -> dict[str, list[float]]:
+    """Feed files under `folder` (hidden and temporary names left out) -> [mtime, size]."""
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): [p.stat().st_mtime, p.stat().st_size] for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith((".", "_")) and not p.name.endswith(".tmp")}
+
+
+@sensor(name="intel_sensor", job_name=INTEL_JOB, minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Requests a run of intel_load_job for each new or changed feed file under <home>/intel/")
+def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
+    folder = lake.lake.home.intel
+    current = feed_files(folder)
+    seen = json.loads(context.cursor) if context.cursor else {}
+    changed = [name for name, state in current.items() if seen.get(name) != state]
+    if not changed:
+        return SkipReason(f"no new or changed feed under {folder}")
+    requests = [RunRequest(run_key=f"{name}@{current[name][0]}",
+                           run_config={"ops": {"load_indicators": {"config": {"file": str(folder / name)}}}},
+                           tags={"seclake/trigger": "intel_sensor", "seclake/feed": name})
+                for name in changed]
+    return SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True, separators=(",", ":")))
