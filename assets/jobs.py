@@ -28,7 +28,8 @@ from pipelines.query import QueryReport
 RUN_ONCE_JOB = "run_once_job"
 STREAM_JOB = "stream_job"
 # Runs of these jobs write the lake; the schedule and sensor do not start one while another runs.
-LAKE_JOBS = (RUN_ONCE_JOB, STREAM_JOB, "maintenance_job", "retention_job")  # the last two: assets/operations.py
+# The last three: assets/operations.py and assets/intel.py.
+LAKE_JOBS = (RUN_ONCE_JOB, STREAM_JOB, "maintenance_job", "retention_job", "intel_load_job")
 
 
 def run_once_job_def():
