@@ -19,6 +19,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.automation import landing_files, new_files
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, table_key
 
@@ -50,25 +51,17 @@ def intel_load_job():
     load_indicators()
 
 
-def feed_files(folder: Path) -> dict[str, list[float]]:
-    """Feed files under `folder` (hidden and temporary names left out) -> [mtime, size]."""
-    if not folder.is_dir():
-        return {}
-    return {str(p.relative_to(folder)): [p.stat().st_mtime, p.stat().st_size] for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.name.startswith((".", "_")) and not p.name.endswith(".tmp")}
-
-
 @sensor(name="intel_sensor", job_name=INTEL_JOB, minimum_interval_seconds=30,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Requests a run of intel_load_job for each new or changed feed file under <home>/intel/")
+        description="Requests a run of intel_load_job for each new or changed feed file under <home>/intel/ "
+                    "(names starting with . or _ are ignored)")
 def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
     folder = lake.lake.home.intel
-    current = feed_files(folder)
-    seen = json.loads(context.cursor) if context.cursor else {}
-    changed = [name for name, state in current.items() if seen.get(name) != state]
+    current = landing_files(folder)  # the same rules as landing/: `.`/`_` names are files being written
+    changed = new_files(current, json.loads(context.cursor) if context.cursor else {})
     if not changed:
         return SkipReason(f"no new or changed feed under {folder}")
-    requests = [RunRequest(run_key=f"{name}@{current[name][0]}",
+    requests = [RunRequest(run_key=f"{name}@{changed[name]}",
                            run_config={"ops": {"load_indicators": {"config": {"file": str(folder / name)}}}},
                            tags={"seclake/trigger": "intel_sensor", "seclake/feed": name})
                 for name in changed]

@@ -101,7 +101,7 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     lake.home.intel.mkdir()
     feed = lake.home.intel / "threatfox.csv"
     feed.write_text('# "first_seen_utc","ioc_value","ioc_type"\n"2026-11-01","evil.test","domain"\n')
-    (lake.home.intel / ".partial.tmp").write_text("x")
+    (lake.home.intel / ".partial.csv").write_text("x")
     first = tick(None)
     assert isinstance(first, SensorResult) and [r.tags["seclake/feed"] for r in first.run_requests] == ["threatfox.csv"]
     assert isinstance(tick(first.cursor), SkipReason)  # unchanged: no second run
