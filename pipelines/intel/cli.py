@@ -36,6 +36,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     if args.valid_days <= 0 or args.sweep_days <= 0:
         raise ValueError("--valid-days and --sweep-days must be positive")
+    if not args.file.is_file():  # before Spark starts: a typo costs no JVM
+        raise ValueError(f"indicator file {args.file} does not exist")
     lake = Lake(Home.resolve(args.home))
     result = load(get_spark(app_name="seclake-intel", ui=False), lake, args.file, source=args.source,
                   valid_days=args.valid_days, sweep_days=args.sweep_days)

@@ -94,13 +94,13 @@ def _spark_and_lake(args: argparse.Namespace):
     return get_spark(app_name="seclake-alerts", ui=False), Lake(Home.resolve(args.home))
 
 
-def _since(text: str | None) -> datetime | None:
+def _utc_time(text: str | None, flag: str) -> datetime | None:
     if not text:
         return None
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--since {text!r}: expected an ISO time such as 2026-11-20T06:00") from None
+        raise ValueError(f"{flag} {text!r}: expected an ISO time such as 2026-11-20T06:00") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
@@ -109,7 +109,7 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
 
     kind = next(k for k in MATCH_TYPES if getattr(args, k) is not None)
     suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=args.rule,
-                              expires_at=_since(args.expires), author=args.by or getpass.getuser())
+                              expires_at=_utc_time(args.expires, "--expires"), author=args.by or getpass.getuser())
     spark, lake = _spark_and_lake(args)
     ident = add(spark, lake, suppression)
     print(f"suppression {ident}: {args.rule or 'every rule'} on {kind} {getattr(args, kind)}"
@@ -150,7 +150,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     statuses = tuple(STATUSES) if "all" in args.status else tuple(args.status) or (OPEN, ACKNOWLEDGED)
     spark, lake = _spark_and_lake(args)
     rows = queue(spark, lake, statuses, rule=args.rule, severity=args.severity, host=args.host,
-                 since=_since(args.since), suppressed=args.suppressed).limit(args.limit).collect()
+                 since=_utc_time(args.since, "--since"), suppressed=args.suppressed).limit(args.limit).collect()
     print_table(LIST_COLUMNS, [(r.alert_id[:MIN_PREFIX + 4], r.severity, r.rule_id,
                                 f"{r.window_start:%Y-%m-%d %H:%M}" if r.window_start else None,
                                 r.src_ip, r.device, r.status, r.assignee, r.suppressed_by) for r in rows])
