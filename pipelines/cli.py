@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_triage_commands(sub, _home_arg)
 
+    from pipelines.notify.cli import add_commands as add_notify_commands
+
+    add_notify_commands(sub, _home_arg, _settings_arg)
+
     from pipelines.intel.cli import add_commands as add_intel_commands
 
     add_intel_commands(sub, _home_arg)

@@ -211,6 +211,15 @@ SUPPRESSIONS_SCHEMA = StructType(_fields(
     ("expired_at", TimestampType()),
 ))
 
+# One row per (alert, destination) delivery outcome (pipelines/notify/outbox.py): delivered or dead.
+NOTIFICATIONS_SCHEMA = StructType(_fields(
+    ("alert_id", StringType()),
+    ("destination", StringType()),
+    ("status", StringType()),
+    ("error", StringType()),
+    ("recorded_at", TimestampType()),
+))
+
 # One row per indicator of compromise (pipelines/intel/): its feed, type (ip or domain), value
 # and validity; `indicator_key` = source, type and value, the MERGE key of `seclake intel load`.
 INDICATORS_SCHEMA = StructType(_fields(

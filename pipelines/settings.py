@@ -58,6 +58,12 @@ class Settings:
     retention_enriched_days: int = 365
     # Alerts are the audit trail of what was detected and when: kept.
     retention_gold_days: int = 0
+    # `seclake notify`: one webhook (Slack-compatible JSON); empty: notifications off. High and
+    # critical by default: a channel that pages on every medium finding gets muted.
+    notify_webhook_url: str = ""
+    notify_min_severity: str = "high"
+    # Five tries with a doubling back-off from 1 s ride out a receiver's restart (~30 s).
+    notify_max_attempts: int = 5
 
     def with_overrides(self, overrides: Mapping[str, object]) -> "Settings":
         """A copy with `overrides` applied, strings converted to each setting's type (the CLI's

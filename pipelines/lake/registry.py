@@ -62,6 +62,8 @@ def _specs() -> dict[str, TableSpec]:
     specs.append(TableSpec("suppressions", "gold", "known-benign findings: rule, entity, reason, expiry; an alert "
                            "they match is written with suppressed_by", schemas.SUPPRESSIONS_SCHEMA,
                            kept_by="seclake suppress"))
+    specs.append(TableSpec("notifications", "gold", "one row per alert and destination: delivered, or dead-lettered "
+                           "with the last error", schemas.NOTIFICATIONS_SCHEMA, kept_by="seclake notify"))
     specs.append(TableSpec("indicators", "gold", "threat-intel indicators (IPs, domains) by feed, with validity; "
                            "loaded with MERGE", schemas.INDICATORS_SCHEMA, kept_by="seclake intel load"))
     return {spec.name: spec for spec in specs}

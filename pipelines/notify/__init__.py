@@ -1,0 +1,1 @@
+"""Notifications: new alerts delivered to where analysts work (webhooks), at least once."""

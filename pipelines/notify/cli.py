@@ -1,0 +1,49 @@
+"""`seclake notify`: deliver new alerts to the webhook in settings (docs/triage.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+Adder = Callable[[argparse.ArgumentParser], None]
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg: Adder) -> None:
+    """Add `notify` to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p: p.add_argument("--set", dest="overrides"))
+    >>> parser.parse_args(["notify", "--follow", "--every", "30"]).every
+    30.0
+    """
+    notify = sub.add_parser("notify", help="deliver new alerts to the webhook in settings (notify_webhook_url)")
+    notify.add_argument("--follow", action="store_true", help="keep going: deliver new alerts every --every seconds")
+    notify.add_argument("--every", type=float, default=60.0, help="seconds between passes with --follow (default 60)")
+    home_arg(notify)
+    settings_arg(notify)
+    notify.set_defaults(func=cmd_notify)
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.notify.delivery import Destination
+    from pipelines.notify.outbox import notify
+    from pipelines.settings import Settings, parse_assignments
+    from pipelines.spark import get_spark
+
+    settings = Settings().with_overrides(parse_assignments(args.overrides))
+    if not settings.notify_webhook_url:
+        raise ValueError("no destination: set notify_webhook_url (--set notify_webhook_url=https://...)")
+    destination = Destination("webhook", settings.notify_webhook_url, settings.notify_min_severity)
+    spark, lake = get_spark(app_name="seclake-notify", ui=False), Lake(Home.resolve(args.home))
+    while True:
+        outcome = notify(spark, lake, destination, max_attempts=settings.notify_max_attempts)
+        for key, error in outcome.dead:
+            print(f"seclake notify: alert {key} not delivered after retries: {error} (kept in notifications)",
+                  file=sys.stderr)
+        print(f"{len(outcome.delivered)} alert(s) delivered, {len(outcome.dead)} dead-lettered", flush=True)
+        if not args.follow:
+            return 1 if outcome.dead else 0
+        time.sleep(args.every)

@@ -1,0 +1,52 @@
+"""Which alerts still need delivering, and the record of what was delivered (`notifications`).
+
+An alert is pending for a destination while `notifications` has no row for that pair and the
+alert is not suppressed. `notify` delivers the pending ones oldest first and then appends one
+row per outcome (delivered, or dead with its last error). A crash between a delivery and its
+row makes the next `notify` deliver that alert again: at least once, and the receiver sees the
+same `Idempotency-Key`.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+from pipelines.notify.delivery import SEVERITIES, Destination, Outcome, deliver
+from pipelines.rules.tables import ALERTS_TABLE
+
+NOTIFICATIONS_TABLE = "notifications"
+
+
+def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: int = 1000) -> list[dict]:
+    """Alerts `destination` wants and has no outcome for, oldest detection first."""
+    if not lake.exists(ALERTS_TABLE):
+        return []
+    alerts = lake.read(spark, ALERTS_TABLE)
+    if "suppressed_by" in alerts.columns:
+        alerts = alerts.where(F.col("suppressed_by").isNull())
+    wanted = SEVERITIES[SEVERITIES.index(destination.min_severity):]
+    alerts = alerts.where(F.col("severity").isin(*wanted))
+    if lake.exists(NOTIFICATIONS_TABLE):
+        done = (lake.read(spark, NOTIFICATIONS_TABLE).where(F.col("destination") == destination.name)
+                .select("alert_id"))
+        alerts = alerts.join(done, "alert_id", "left_anti")
+    return [row.asDict() for row in alerts.orderBy("detected_at", "alert_id").limit(limit).collect()]
+
+
+def notify(spark: SparkSession, lake: Lake, destination: Destination, max_attempts: int = 5,
+           **deliver_options) -> Outcome:
+    """Deliver what is pending for `destination`, then record every outcome in `notifications`."""
+    outcome = deliver(pending(spark, lake, destination), destination, max_attempts=max_attempts, **deliver_options)
+    at = datetime.now(timezone.utc)
+    rows: list[tuple[str, str, str, str | None, datetime]] = [
+        (key, destination.name, "delivered", None, at) for key in outcome.delivered]
+    rows += [(key, destination.name, "dead", error, at) for key, error in outcome.dead]
+    if rows:
+        lake.ensure(spark, NOTIFICATIONS_TABLE)
+        frame = spark.createDataFrame(rows, lake.spec(NOTIFICATIONS_TABLE).schema)
+        lake.sink(NOTIFICATIONS_TABLE, app_id=f"notify:{destination.name}").write_batch(
+            frame, int(at.timestamp() * 1000))
+    return outcome

@@ -1,0 +1,113 @@
+"""Webhook delivery against a real local HTTP receiver (http.server on a free port)."""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pipelines.notify.delivery import Destination, deliver
+
+
+class Receiver:
+    """Answers `script[n]` to the n-th request (then 200), and keeps what it received."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = list(script)
+        self.received: list[tuple[str, dict, int]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = outer.script.pop(0) if outer.script else 200
+                outer.received.append((self.headers["Idempotency-Key"], body, status))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+
+@pytest.fixture
+def receiver(request) -> Iterator[Receiver]:
+    found = Receiver(getattr(request, "param", []))
+    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
+    thread.start()
+    yield found
+    found.server.shutdown()
+
+
+ALERTS = [{"alert_id": f"a{n}", "severity": sev, "rule_name": "r", "src_ip": "10.0.0.5", "evidence": "e"}
+          for n, sev in enumerate(["high", "low", "critical"])]
+
+
+@pytest.mark.parametrize("receiver", [[500, 503]], indirect=True)
+def test_failures_are_retried_with_back_off_and_each_alert_carries_its_key(receiver):
+    waits: list[float] = []
+    outcome = deliver(ALERTS, Destination("soc", receiver.url, "high"), sleep=waits.append)
+    assert outcome.delivered == ["a0", "a2"] and outcome.dead == []  # the low one is not wanted
+    assert [(key, status) for key, _, status in receiver.received] == [("a0", 500), ("a0", 503), ("a0", 200),
+                                                                       ("a2", 200)]
+    assert waits == [1.0, 2.0]
+    assert receiver.received[0][1]["text"] == "[HIGH] r on 10.0.0.5: e"
+
+
+@pytest.mark.parametrize("receiver", [[400, 500, 500, 500]], indirect=True)
+def test_a_refused_payload_and_an_exhausted_alert_go_to_the_dead_letter_and_the_rest_goes_on(receiver):
+    outcome = deliver(ALERTS, Destination("soc", receiver.url, "high"), max_attempts=3, sleep=lambda s: None)
+    assert outcome.dead == [("a0", "HTTP 400"), ("a2", "HTTP 500")]
+    assert [key for key, _, _ in receiver.received] == ["a0", "a2", "a2", "a2"]  # 400: not retried
+
+
+def test_an_unreachable_receiver_is_retried_then_dead_lettered():
+    closed = Receiver([])
+    url = closed.url
+    closed.server.server_close()  # nothing listens there any more
+    outcome = deliver(ALERTS[:1], Destination("soc", url, "info"), max_attempts=2, sleep=lambda s: None)
+    assert outcome.delivered == [] and outcome.dead[0][0] == "a0" and "Error" in outcome.dead[0][1]
+
+
+def test_destinations_are_checked():
+    with pytest.raises(ValueError, match="min_severity 'urgent'"):
+        Destination("soc", "http://x", "urgent")
+    with pytest.raises(ValueError, match="is not http"):
+        Destination("soc", "ftp://x")
+
+
+def test_notify_delivers_pending_alerts_once_records_them_and_skips_suppressed(spark, tmp_path, receiver):
+    from datetime import date, datetime
+
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.notify.outbox import NOTIFICATIONS_TABLE, notify, pending
+
+    lake = Lake(Home.resolve(tmp_path).create())
+    lake.ensure(spark, "alerts")
+    schema = lake.spec("alerts").schema
+    rows = [{**{f: None for f in schema.fieldNames()}, "alert_id": f"a{n}", "severity": sev, "rule_name": "r",
+             "src_ip": "10.0.0.5", "evidence": "e", "detected_at": datetime(2026, 11, 20, 10, n),
+             "event_date": date(2026, 11, 20), "suppressed_by": by}
+            for n, (sev, by) in enumerate([("high", None), ("critical", "s1"), ("low", None), ("critical", None)])]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    soc = Destination("soc", receiver.url, "high")
+    assert [a["alert_id"] for a in pending(spark, lake, soc)] == ["a0", "a3"]  # a1 suppressed, a2 too low
+    first = notify(spark, lake, soc, sleep=lambda s: None)
+    assert first.delivered == ["a0", "a3"]
+    assert sorted((r.alert_id, r.status) for r in lake.read(spark, NOTIFICATIONS_TABLE).collect()) == [
+        ("a0", "delivered"), ("a3", "delivered")]
+    # The next pass (a restart) finds nothing pending: nothing is sent twice.
+    assert notify(spark, lake, soc, sleep=lambda s: None).delivered == []
+    assert [key for key, _, _ in receiver.received] == ["a0", "a3"]
+
+
+def test_notify_without_a_destination_says_what_to_set(tmp_path, capsys):
+    from pipelines.cli import main
+
+    assert main(["notify", "--home", str(tmp_path)]) == 2
+    assert "set notify_webhook_url" in capsys.readouterr().err
