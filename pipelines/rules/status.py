@@ -112,10 +112,11 @@ class RuleStatus:
         details = json.dumps({"rule": health.rule, "failures": health.failures, "reason": health.reason})
         alert: tuple = (alert_id, PLATFORM_RULE_ID, f"Rule disabled: {health.rule}", 1, "high", [],
                         None, None, None, None, now, now, now, now,
-                        f"rule {health.rule} stopped detecting: {health.reason}", details, now, now.date())
+                        f"rule {health.rule} stopped detecting: {health.reason}", details, now, now.date(), None)
         frame = self.spark.createDataFrame([alert], self.lake.spec(ALERTS_TABLE).schema)
         with delta_errors(ALERTS_TABLE):
-            (frame.write.format("delta").mode("append").partitionBy("event_date")
+            # mergeSchema: an alerts table from before `suppressed_by` gains the column.
+            (frame.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy("event_date")
              .save(str(self.lake.path(ALERTS_TABLE))))
 
 
