@@ -93,8 +93,13 @@ def _ipv4_number(column: Column) -> Column:
 
 def mark(alerts: DataFrame, lake: Lake, at: datetime | None = None) -> DataFrame:
     """`alerts` with `suppressed_by` set to the id of the first active suppression matching each
-    (by suppression id), NULL when none does. Reads `suppressions` once (it is small)."""
-    if not lake.exists(SUPPRESSIONS_TABLE):
+    (by suppression id), NULL when none does. Reads `suppressions` once (it is small), and
+    only its log when it holds no row."""
+    from pipelines.lake.log import summary
+
+    # The log says when there is nothing to match (the usual case) without a Spark job: every
+    # rule's micro-batch comes through here.
+    if not lake.exists(SUPPRESSIONS_TABLE) or summary(lake.path(SUPPRESSIONS_TABLE)).files == 0:
         return alerts
     found = active(alerts.sparkSession, lake, at).collect()
     if not found:
