@@ -10,15 +10,15 @@ next reload without editing this package:
 - `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
   (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
   (`assets/table_state.py`); `maintenance_job`, `retention_job` and their schedules
-  (`assets/operations.py`); `intel_load_job` and `intel_sensor` (`assets/intel.py`); resources
-  chosen by `$SECLAKE_ENV` (`assets/resources.py`).
+  (`assets/operations.py`); `intel_load_job` and `intel_sensor` (`assets/intel.py`); the `incidents`
+  asset (`assets/triage.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
 """
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dagster import Definitions, in_process_executor
 
-from assets import automation, checks, intel, jobs, operations, rules, table_state, tables
+from assets import automation, checks, intel, jobs, operations, rules, table_state, tables, triage
 from assets.resources import resources_for_environment
 from pipelines.query import Stage
 from pipelines.stages import stages, table_stages
@@ -34,7 +34,8 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
     """
     pipeline_stages = table_stages(list(stage_list) if stage_list is not None else stages())
     folder = Path(rules_dir) if rules_dir else None
-    assets = [*tables.stage_assets(pipeline_stages), *rules.rule_assets(folder)]
+    assets = [*tables.stage_assets(pipeline_stages, {"incidents": triage.incidents}),
+              *rules.rule_assets(folder)]
     return Definitions(
         assets=assets,
         asset_checks=[*checks.quality_checks(pipeline_stages), *rules.rule_checks(folder)],

@@ -27,14 +27,14 @@ INTEL_JOB = "intel_load_job"
 
 
 class IntelConfig(Config):
-    file: str = Field(description="the feed to load: a plain list or CSV of IPs and domains")
+    file: str = Field(description="the feed to load: a plain list, CSV or STIX 2.1 bundle of IPs and domains")
     source: str | None = Field(default=None, description="the feed's name (default: the file name)")
     sweep_days: int = Field(default=90, description="days of history searched for matches")
 
 
 @op(pool=LAKE_POOL, description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
 def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: SparkResource, lake: LakeResource):
-    from pipelines.intel.store import INDICATORS_TABLE, INTEL_RULE_ID, load
+    from pipelines.intel.store import INDICATORS_TABLE, load
 
     result = load(spark.session, lake.lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
     context.log.info(f"{result.indicators} indicator(s) loaded ({result.skipped} skipped), "
@@ -42,7 +42,8 @@ def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: Spa
     context.log_event(AssetMaterialization(
         asset_key=table_key(INDICATORS_TABLE), description=f"loaded from {config.file}",
         metadata={"version": result.version, "indicators_in_file": result.indicators,
-                  "skipped_lines": result.skipped, "new_alerts": result.alerts, "alerts_rule": INTEL_RULE_ID}))
+                  "skipped_lines": result.skipped, "new_alerts": result.alerts,
+                  "sweep_rules": ", ".join(result.rules)}))
 
 
 @job(name=INTEL_JOB, executor_def=in_process_executor, tags={"seclake/mode": "intel"},

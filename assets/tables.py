@@ -204,11 +204,12 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
     return _shared
 
 
-def stage_assets(stages: list[Stage]) -> list[AssetsDefinition | AssetSpec]:
+def stage_assets(stages: list[Stage], own: dict[str, AssetsDefinition] | None = None
+                 ) -> list[AssetsDefinition | AssetSpec]:
     """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), one asset per
     table several of them write (`late_events`), and an external asset per state table that a
     command keeps (`rule_status`, `alert_triage`: `TableSpec.kept_by`; no Dagster op writes them,
-    `table_state_sensor` records their versions).
+    `table_state_sensor` records their versions) unless `own` gives its asset (`incidents`).
     """
     shared = shared_tables(stages)
     assets: list[AssetsDefinition | AssetSpec] = [stage_asset(s, own_tables(s, stages)) for s in stages]
@@ -216,6 +217,9 @@ def stage_assets(stages: list[Stage]) -> list[AssetsDefinition | AssetSpec]:
         keys = [table_key(t) for w in writers for t in own_tables(w, stages)]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))
     for table in (t for t in Lake.names() if Lake.spec(t).kept_by):
+        if own and table in own:
+            assets.append(own[table])
+            continue
         spec = table_spec(table)
         assets.append(spec.replace_attributes(description=f"{spec.description} (kept by {Lake.spec(table).kept_by})"))
     return assets

@@ -220,6 +220,20 @@ NOTIFICATIONS_SCHEMA = StructType(_fields(
     ("recorded_at", TimestampType()),
 ))
 
+# One row per incident (pipelines/triage/incidents.py): an entity's alerts close in time, with a
+# risk score; rebuilt whole by the Dagster `incidents` asset, for BI tools and notebooks.
+INCIDENTS_SCHEMA = StructType(_fields(
+    ("entity", StringType()),
+    ("first_seen", TimestampType()),
+    ("last_seen", TimestampType()),
+    ("alerts", LongType()),
+    ("open_alerts", LongType()),
+    ("rules", ArrayType(StringType())),
+    ("max_severity", StringType()),
+    ("risk", LongType()),
+    ("alert_ids", ArrayType(StringType())),
+))
+
 # One row per indicator of compromise (pipelines/intel/): its feed, type (ip or domain), value
 # and validity; `indicator_key` = source, type and value, the MERGE key of `seclake intel load`.
 INDICATORS_SCHEMA = StructType(_fields(

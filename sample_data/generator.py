@@ -6,6 +6,7 @@ Writes, under ``out``::
     landing/suricata/eve.<YYYY-MM-DD-HH>.json                 hourly, Suricata EVE lines
     reference/devices.csv                                     the device inventory
     ground_truth.jsonl                                        one line per injected incident
+    threat_intel/planted.txt                                  a threat feed: the incidents' C2 and malware hosts
     manifest.json                                             counts to check nothing is lost
 
 Every file appears atomically (written as ``.<name>.tmp`` beside its final name, then
@@ -183,7 +184,7 @@ def _clean(out: Path, overwrite: bool) -> None:
         d = out / sub
         if d.is_dir():
             ours += [p for p in d.glob(pat)]
-    for name in ("ground_truth.jsonl", "manifest.json", "reference/devices.csv"):
+    for name in ("ground_truth.jsonl", "manifest.json", "reference/devices.csv", PLANTED_FEED):
         if (out / name).exists():
             ours.append(out / name)
     if ours and not overwrite:
@@ -345,10 +346,45 @@ def hour_files(start_us: int, hours: float) -> int:
     return -(-(end - (start_us - start_us % HOUR)) // HOUR)
 
 
+# Known-bad infrastructure each scenario contacts, as (indicator kind, `details` key): what a threat
+# feed would list. `planted_feed` writes them with decoys that no traffic touches.
+PLANTED_FEED = "threat_intel/planted.txt"  # not intel/: in a home, intel_sensor would load it unasked
+PLANTED: dict[str, tuple[tuple[str, str], ...]] = {
+    "c2_beaconing": (("domain", "domain"), ("ip", "c2_ip")),
+    "ids_alert_reused_ip": (("domain", "domain"), ("ip", "remote_ip")),
+}
+# Documentation addresses (RFC 5737) and a reserved TLD (RFC 2606): never in generated traffic.
+DECOYS = ("192.0.2.10", "198.51.100.23", "c2-panel.example", "update-check.example")
+
+
+def planted_feed(gt: list[dict]) -> str:
+    """A plain-list threat feed (`seclake intel load` reads it): per incident of PLANTED its
+    domain and IP, commented with the incident id, then the decoys.
+
+    >>> print(planted_feed([{"id": "w0-04-c2_beaconing", "scenario": "c2_beaconing",
+    ...                      "details": {"domain": "x-y.com", "c2_ip": "5.6.7.8"}}]), end="")
+    # seclake sample_data: known-bad infrastructure of the injected incidents (ground_truth.jsonl)
+    x-y.com  # w0-04-c2_beaconing domain
+    5.6.7.8  # w0-04-c2_beaconing ip
+    192.0.2.10  # decoy
+    198.51.100.23  # decoy
+    c2-panel.example  # decoy
+    update-check.example  # decoy
+    """
+    lines = ["# seclake sample_data: known-bad infrastructure of the injected incidents (ground_truth.jsonl)"]
+    for record in gt:
+        for kind, key in PLANTED.get(record["scenario"], ()):
+            lines.append(f"{record['details'][key]}  # {record['id']} {kind}")
+    lines += [f"{decoy}  # decoy" for decoy in DECOYS]
+    return "\n".join(lines) + "\n"
+
+
 def _write_meta(out: Path, manifest: dict, gt: list[dict]) -> None:
     gt_sorted = sorted(gt, key=lambda r: (r["start"], r["id"]))
     write_atomic(out / "ground_truth.jsonl",
                  "".join(json.dumps(r, sort_keys=False) + "\n" for r in gt_sorted).encode())
+    (out / PLANTED_FEED).parent.mkdir(exist_ok=True)
+    write_atomic(out / PLANTED_FEED, planted_feed(gt_sorted).encode())
     write_atomic(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
 
 

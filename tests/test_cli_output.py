@@ -97,6 +97,8 @@ def test_sql_prints_the_result_and_nothing_else(home, run_once):
 def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_once, tmp_path):
     from deltalake import DeltaTable
 
+    from pipelines.intel.store import intel_rules
+
     assert run_once.returncode == 0
     seen = seclake("sql", "--home", str(home), "SELECT query FROM enriched_dns WHERE device IS NOT NULL "
                    "AND query LIKE '%.%' ORDER BY query LIMIT 1")
@@ -106,10 +108,11 @@ def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_
     loaded = seclake("intel", "load", str(feed), "--home", str(home))
     assert loaded.returncode == 0, loaded.stderr
     assert chatter(loaded) == []
-    assert re.fullmatch(r"sweep of the last 90 days: [1-9]\d* new alert\(s\) \(rule seclake.intel_match\)\n",
-                        loaded.stdout), loaded.stdout
+    assert re.fullmatch(r"sweep of the last 90 days: [1-9]\d* new alert\(s\) "
+                        r"\(rules threat_intel_domain, threat_intel_ip\)\n", loaded.stdout), loaded.stdout
+    domain_rule = next(r.id for r in intel_rules() if r.slug == "threat_intel_domain")
     rows = DeltaTable(str(home / "tables" / "alerts")).to_pyarrow_table(columns=["rule_id", "evidence"]).to_pylist()
-    alerts = [a for a in rows if a["rule_id"] == "seclake.intel_match"]
+    alerts = [a for a in rows if a["rule_id"] == domain_rule]
     assert alerts and all(domain in a["evidence"] for a in alerts), alerts
     again = seclake("intel", "load", str(feed), "--home", str(home))
     assert "0 new alert(s)" in again.stdout  # the same matches are never written twice

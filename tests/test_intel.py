@@ -7,11 +7,12 @@ import pytest
 
 from pipelines.home import Home
 from pipelines.intel.feeds import parse_feed, read_feed
-from pipelines.intel.store import INDICATORS_TABLE, INTEL_RULE_ID, load
+from pipelines.intel.store import INDICATORS_TABLE, intel_rules, load
 from pipelines.lake.registry import Lake
 
-NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
-EVENT = datetime(2026, 11, 20, 9, 30, tzinfo=timezone.utc)
+# Indicators are valid from the moment they are loaded, so the events are dated from today.
+EVENT = datetime.now(timezone.utc).replace(hour=9, minute=30, second=0, microsecond=0) - timedelta(days=3)
+INTEL_RULE_IDS = "', '".join(r.id for r in intel_rules())
 
 
 def _rows(spark, lake: Lake, table: str, values: list[dict]) -> None:
@@ -49,6 +50,35 @@ def test_feed_formats_of_abuse_ch_and_plain_lists():
     assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1")] and plain.skipped == ["???"]
 
 
+def test_stix_bundle_gives_its_domain_and_ip_indicators_and_reports_the_rest(tmp_path):
+    import stix2
+
+    valid = "2026-01-01T00:00:00Z"
+    bundle = stix2.Bundle(
+        stix2.Indicator(pattern="[domain-name:value = 'C2.Evil.test'] OR [ipv4-addr:value = '203.0.113.9']",
+                        pattern_type="stix", valid_from=valid),
+        stix2.Indicator(pattern="[url:value = 'http://drop.evil.test/a.exe' AND network-traffic:dst_port = 80]",
+                        pattern_type="stix", valid_from=valid),
+        stix2.Indicator(pattern="[file:hashes.'SHA-256' = '" + "ab" * 32 + "']", pattern_type="stix", valid_from=valid),
+        stix2.Indicator(pattern="[ipv6-addr:value = '2001:db8::7']", pattern_type="stix", valid_from=valid,
+                        valid_until="2026-02-01T00:00:00Z"),
+        stix2.Indicator(pattern="[ipv4-addr:value = '198.51.100.1']", pattern_type="stix", valid_from=valid,
+                        revoked=True),
+        stix2.Indicator(pattern="alert tcp any any -> any any (sid:1;)", pattern_type="snort", valid_from=valid),
+        stix2.Malware(name="IcedID", is_family=True),
+    )
+    path = tmp_path / "feed.json"
+    path.write_text(bundle.serialize(pretty=True))
+    feed = read_feed(path)
+    assert feed.indicators == [("domain", "c2.evil.test"), ("ip", "203.0.113.9"), ("domain", "drop.evil.test")]
+    reasons = " | ".join(feed.skipped)
+    assert len(feed.skipped) == 4 and "no domain or IP compared for equality" in reasons
+    assert "expired 2026-02-01" in reasons and "revoked" in reasons and "pattern type 'snort'" in reasons
+    path.write_text('{"type": "bundle", "objects": [{"type": "indicator"}]}')
+    with pytest.raises(ValueError, match="not a STIX 2.1 bundle"):
+        read_feed(path)
+
+
 def test_a_file_without_indicators_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="missing.txt does not exist"):
         read_feed(tmp_path / "missing.txt")
@@ -60,25 +90,46 @@ def test_a_file_without_indicators_is_refused_by_name(tmp_path):
 def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path):
     feed = tmp_path / "feed.txt"
     feed.write_text("evil.test\n203.0.113.9\n")
-    first = load(spark, lake, feed, now=NOW)
+    first = load(spark, lake, feed)
     assert (first.indicators, first.skipped, first.alerts) == (2, 0, 2)
-    alerts = {a.src_ip: a for a in lake.read(spark, "alerts").where(f"rule_id = '{INTEL_RULE_ID}'").collect()}
+    assert first.rules == ("threat_intel_domain", "threat_intel_ip")
+    alerts = {a.src_ip: a for a in lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()}
     # laptop-5 asked for evil.test and a sub-domain of it: one alert; notevil.test matches nothing.
     assert sorted(alerts) == ["10.0.0.5", "10.0.0.6"]
     assert alerts["10.0.0.5"].device == "laptop-5" and "evil.test" in alerts["10.0.0.5"].evidence
-    assert "2 event(s)" in alerts["10.0.0.5"].evidence
+    assert "2 lookup(s)" in alerts["10.0.0.5"].evidence
     assert "203.0.113.9" in alerts["10.0.0.6"].evidence and alerts["10.0.0.6"].severity == "high"
-    # Loaded again a day later: the same indicators (validity moved on), no new alert.
-    again = load(spark, lake, feed, now=NOW + timedelta(days=1))
+    # Loaded again: the same indicators (validity moved on), no new alert.
+    again = load(spark, lake, feed, valid_days=40)
     assert again.alerts == 0 and again.version == first.version + 1
     indicators = lake.read(spark, INDICATORS_TABLE).collect()
     assert len(indicators) == 2
-    assert {i.valid_until for i in indicators} == {(NOW + timedelta(days=31)).replace(tzinfo=None)}
-    # An expired indicator matches nothing; the sweep only looks back sweep_days.
+    assert all(i.valid_until - i.loaded_at == timedelta(days=40) and i.valid_from < i.loaded_at for i in indicators)
+    # The sweep only looks back sweep_days (whole days: from midnight UTC); then the full range finds it.
     old = tmp_path / "old.txt"
     old.write_text("198.51.100.1\n")
-    assert load(spark, lake, old, now=NOW, valid_days=1, sweep_days=90).alerts == 1
-    assert load(spark, lake, old, now=NOW + timedelta(days=100), sweep_days=90).alerts == 0
+    assert load(spark, lake, old, sweep_days=2).alerts == 0
+    assert load(spark, lake, old, sweep_days=3).alerts == 1
+
+
+def test_an_expired_indicator_matches_nothing(spark, lake, tmp_path):
+    past = datetime.now(timezone.utc) - timedelta(days=1)
+    lake.ensure(spark, INDICATORS_TABLE)
+    spark.createDataFrame([("old\u001fdomain\u001fevil.test", "old", "domain", "evil.test", past - timedelta(days=30),
+                            past, past)], lake.spec(INDICATORS_TABLE).schema) \
+        .write.format("delta").mode("append").save(str(lake.path(INDICATORS_TABLE)))
+    feed = tmp_path / "other.txt"
+    feed.write_text("unrelated.test\n")
+    assert load(spark, lake, feed).alerts == 0  # evil.test was seen, but its indicator expired yesterday
+
+
+def test_rules_folder_without_intel_rules_loads_but_sweeps_nothing(spark, lake, tmp_path):
+    (tmp_path / "rules").mkdir()
+    feed = tmp_path / "feed.txt"
+    feed.write_text("evil.test\n")
+    result = load(spark, lake, feed, rules_dir=tmp_path / "rules")
+    assert (result.indicators, result.rules, result.alerts) == (1, (), 0)
+    assert lake.read(spark, INDICATORS_TABLE).count() == 1
 
 
 def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(spark, lake):
@@ -113,5 +164,5 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     done = defs.resolve_job_def(intel.INTEL_JOB).execute_in_process(
         run_config=first.run_requests[0].run_config, instance=instance)
     assert done.success
-    found = lake.read(spark, "alerts").where("rule_id = 'seclake.intel_match'").collect()
+    found = lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()
     assert [a.src_ip for a in found] == ["10.0.0.5"] and "threatfox.csv" in found[0].evidence

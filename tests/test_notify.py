@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,16 +17,20 @@ from pipelines.notify.delivery import Destination, deliver
 
 
 class Receiver:
-    """Answers `script[n]` to the n-th request (then 200), and keeps what it received."""
+    """Answers `script[n]` to the n-th request (then 200), and keeps what it received. While
+    `hold` is set, a request after the first waits for it to clear before answering."""
 
     def __init__(self, script: list[int]) -> None:
         self.script = list(script)
         self.received: list[tuple[str, dict, int]] = []
+        self.hold = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                while outer.hold.is_set() and outer.received:
+                    time.sleep(0.05)
                 status = outer.script.pop(0) if outer.script else 200
                 outer.received.append((self.headers["Idempotency-Key"], body, status))
                 self.send_response(status)
@@ -111,3 +120,42 @@ def test_notify_without_a_destination_says_what_to_set(tmp_path, capsys):
 
     assert main(["notify", "--home", str(tmp_path)]) == 2
     assert "set notify_webhook_url" in capsys.readouterr().err
+
+
+def test_a_notifier_killed_mid_delivery_delivers_everything_after_a_restart_under_the_same_keys(
+        spark, tmp_path, receiver):
+    from datetime import date, datetime
+
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.notify.outbox import NOTIFICATIONS_TABLE
+
+    lake = Lake(Home.resolve(tmp_path).create())
+    lake.ensure(spark, "alerts")
+    schema = lake.spec("alerts").schema
+    rows = [{**{f: None for f in schema.fieldNames()}, "alert_id": f"k{n}", "severity": "high", "rule_name": "r",
+             "src_ip": "10.0.0.5", "evidence": "e", "detected_at": datetime(2026, 11, 20, 10, n),
+             "event_date": date(2026, 11, 20)} for n in range(3)]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    command = [sys.executable, "-m", "pipelines.cli", "notify", "--home", str(tmp_path),
+               "--set", f"notify_webhook_url={receiver.url}"]
+    receiver.hold.set()  # k0 is answered; k1 waits, and the notifier is killed while it waits
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(receiver.received) < 1 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # k1's request is in flight, held by the receiver
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert [key for key, _, _ in receiver.received] == ["k0"]
+    receiver.hold.clear()
+    assert not lake.exists(NOTIFICATIONS_TABLE)  # killed before recording anything
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    keys = [key for key, _, _ in receiver.received]
+    # At least once: k0 is delivered again after the restart, under the same key, so a receiver
+    # that remembers keys drops it; k1 (killed in flight) was answered after the kill, and is sent again.
+    assert keys.count("k0") == 2 and {"k1", "k2"} <= set(keys)
+    recorded = sorted((r.alert_id, r.status) for r in lake.read(spark, NOTIFICATIONS_TABLE).collect())
+    assert recorded == [("k0", "delivered"), ("k1", "delivered"), ("k2", "delivered")]

@@ -4,10 +4,13 @@ the backtest of each rule scored against the generator's ground truth.
 Checks: every injected scenario raises its rule's alert (recall 100%), at least 95% of all
 alerts belong to an injected incident, both in the backtest and in what run-once streamed (it
 marks the end of its input, so every window up to the last event is closed), and for every
-window the stream's watermark has closed, the streamed alert ids equal the backtest's.
+window the stream's watermark has closed, the streamed alert ids equal the backtest's. Threat
+intel: the generator's planted feed, half loaded before the run (the stream's intel rules find
+it), half after (the sweep finds it): every planted indicator found once, no decoy, no repeat.
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,13 +19,14 @@ import pytest
 from pipelines import jobs
 from pipelines.end_of_input import END_OF_INPUT
 from pipelines.home import Home
+from pipelines.intel.store import intel_rules, load
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.rules.backtest import GROUND_TRUTH, backtest, load_ground_truth, score
 from pipelines.rules.pack import scan_rules
 from pipelines.rules.tables import ALERTS_TABLE
 from pipelines.stages import stages
-from sample_data.generator import generate
+from sample_data.generator import PLANTED_FEED, generate
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 
@@ -45,6 +49,12 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
     generate(home.root, hours=24, hosts=50, seed=7)
     lake = Lake(home)
     pack = scan_rules(RULES_DIR)
+    # The feed of the C2 incident goes in before the run: its matches are the stream's to find.
+    planted = [line for line in (home.root / PLANTED_FEED).read_text().splitlines() if not line.startswith("#")]
+    before, after = tmp_path / "c2.txt", tmp_path / "rest.txt"
+    before.write_text("".join(f"{line}\n" for line in planted if "c2_beaconing" in line))
+    after.write_text("".join(f"{line}\n" for line in planted if "c2_beaconing" not in line))
+    assert load(spark, lake, before).indicators == 2
     assert [s.name for s in stages() if s.name.startswith("rule_")] == [r.query_name for r in pack.rules]
     reports = {r.name: r for r in jobs.run_once(spark, lake)}  # ETL, attribution, every rule: `seclake run-once`
     assert all(r.error is None for r in reports.values()), [r.line() for r in reports.values() if r.error]
@@ -83,3 +93,21 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
     assert all(r.skipped for name, r in again.items() if name not in ("etl", END_OF_INPUT)), [
         r.line() for r in again.values()]
     assert read_table(spark, home.table(ALERTS_TABLE)).count() == len(streamed)
+
+    # The rest of the feed: the sweep finds the IDS incident's domain and IP in history.
+    streamed_intel = [a for a in streamed if a.rule_id in {r.id for r in intel_rules()}]
+    swept = load(spark, lake, after)
+    alerts = read_table(spark, home.table(ALERTS_TABLE)).collect()
+    assert swept.alerts >= 2 and len(alerts) == len(streamed) + swept.alerts
+    assert load(spark, lake, home.root / PLANTED_FEED).alerts == 0  # everything again: nothing new
+    assert len({a.alert_id for a in alerts}) == len(alerts)
+    found = [(json.loads(a.details)["indicator"], a.mac) for a in alerts if a.rule_id in {r.id for r in intel_rules()}]
+    by_id = {i.id: i for i in incidents}
+    wanted = []
+    for line in planted:
+        value, _, note = line.partition("#")
+        if "decoy" not in note:
+            wanted.append((value.strip(), by_id[note.split()[0]].mac))
+    assert sorted(found) == sorted(wanted)  # recall 100%, one alert each, the incident's device, no decoy
+    assert {json.loads(a.details)["indicator"] for a in streamed_intel} == {
+        line.split()[0] for line in planted if "c2_beaconing" in line}

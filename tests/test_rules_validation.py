@@ -26,6 +26,8 @@ COLUMNS = ("src_ip, mac, device, owner, window.start AS window_start, window.end
            "min(event_time) AS first_seen, max(event_time) AS last_seen, 'x' AS evidence")
 GROUP = "GROUP BY src_ip, mac, device, owner, window(event_time, '10 minutes')"
 VALID_SQL = f"SELECT {COLUMNS} FROM enriched_dns {GROUP}"
+LOOKUP_SQL = (f"SELECT {COLUMNS} FROM enriched_dns JOIN indicators i ON i.value = enriched_dns.query {GROUP}"
+              .replace("GROUP BY src_ip", "GROUP BY enriched_dns.src_ip"))
 
 
 def rule_text(sql: str = VALID_SQL, drop: tuple[str, ...] = (), **meta: str) -> str:
@@ -360,6 +362,13 @@ BAD_METADATA: list[tuple[str, str, str]] = [
     ("keys_not_columns", rule_text(keys="[dst_ip]"), "keys ['dst_ip'] must be output columns"),
     ("leading_window_group", rule_text(f"SELECT {COLUMNS} FROM enriched_dns GROUP BY window(event_time, '10 minutes'), "
                                        "src_ip, mac, device, owner"), "put it last or in parentheses"),
+    ("lookup_not_declared", rule_text(LOOKUP_SQL), "indicators is a lookup table: list it under `lookups:`"),
+    ("lookup_as_stream", rule_text(LOOKUP_SQL, tables="[enriched_dns, indicators]"),
+     "indicators is a lookup table: list it under `lookups:`"),
+    ("lookup_not_a_lookup", rule_text(VALID_SQL, lookups="[alert_triage]"),
+     "lookups ['alert_triage'] are not lookup tables; rules may look up: indicators"),
+    ("lookup_not_read", rule_text(VALID_SQL, lookups="[indicators]"),
+     "lookups ['indicators'] differ from the tables the SQL reads ['enriched_dns']"),
 ]
 
 
@@ -368,6 +377,11 @@ def test_invalid_metadata_and_shape_are_rejected_with_the_reason(case_id, text, 
     with pytest.raises(RuleError) as err:
         validate_rule(text)
     assert reason in str(err.value), str(err.value)
+
+
+def test_a_lookup_table_is_joined_not_streamed():
+    rule = validate_rule(rule_text(LOOKUP_SQL, lookups="[indicators]"))
+    assert (rule.tables, rule.lookups) == (("enriched_dns",), ("indicators",))
 
 
 def test_a_bad_file_name_is_rejected(tmp_path):

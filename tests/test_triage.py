@@ -122,6 +122,28 @@ def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spar
     assert sorted((r.alerts, r.risk) for r in hourly) == [(1, 20), (1, 20)]  # 2 h apart: two incidents
 
 
+
+def test_the_incidents_asset_writes_the_incidents_as_a_table_and_rebuilds_it_whole(spark, lake):
+    from dagster import materialize
+
+    from assets import triage
+    from assets.resources import LakeResource, SparkResource
+    from pipelines.triage.incidents import INCIDENTS_TABLE, incidents
+
+    resources = {"spark": SparkResource(ui=False), "lake": LakeResource(home=str(lake.home.root))}
+    first = materialize([triage.incidents], resources=resources)
+    assert first.success
+    meta = first.asset_materializations_for_node("gold__incidents")[0].metadata
+    assert meta["incidents"].value == 3 and "10.0.0.7: risk 100" in meta["riskiest"].value
+    table = {r.entity: r for r in lake.read(spark, INCIDENTS_TABLE).collect()}
+    assert table == {r.entity: r for r in incidents(spark, lake).collect()}
+    # Closing an alert changes the next build; the table is replaced, never appended to.
+    apply(spark, lake, ["cccc33330"], Change(status="closed", by="ana"))
+    assert materialize([triage.incidents], resources=resources).success
+    rebuilt = lake.read(spark, INCIDENTS_TABLE).collect()
+    assert len(rebuilt) == 3 and [r.open_alerts for r in rebuilt if r.entity == "10.0.0.7"] == [0]
+
+
 def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     from pipelines.triage.suppressions import Suppression, add, expire, mark
 
@@ -142,20 +164,21 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
 
 
 def test_a_suppressed_alert_is_written_with_suppressed_by_and_left_out_of_the_queue(spark, lake, capsys, tmp_path):
-    from pipelines.intel.store import load
+    from pipelines.intel.store import intel_rules, load
 
     home = ["--home", str(lake.home.root)]
     assert main(["suppress", "add", "--all-rules", "--domain", "Evil.test", "--reason", "sinkhole", "--by", "ana",
                  *home]) == 0
     ident = capsys.readouterr().out.split()[1].rstrip(":")
     dns = lake.spec("enriched_dns").schema
-    row = {**{f: None for f in dns.fieldNames()}, "event_id": "d1", "event_time": T0, "event_date": T0.date(),
+    seen = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(days=1)  # inside the sweep's 90 days
+    row = {**{f: None for f in dns.fieldNames()}, "event_id": "d1", "event_time": seen, "event_date": seen.date(),
            "src_ip": "10.0.0.9", "query": "evil.test"}
     lake.ensure(spark, "enriched_dns")
     spark.createDataFrame([row], dns).write.format("delta").mode("append").save(str(lake.path("enriched_dns")))
     (tmp_path / "feed.txt").write_text("evil.test\n")
-    assert load(spark, lake, tmp_path / "feed.txt", now=T0 + timedelta(hours=1)).alerts == 1
-    written = lake.read(spark, "alerts").where("rule_id = 'seclake.intel_match'").collect()
+    assert load(spark, lake, tmp_path / "feed.txt").alerts == 1
+    written = lake.read(spark, "alerts").where(f"rule_id = '{intel_rules()[0].id}'").collect()
     assert [a.suppressed_by for a in written] == [ident]  # written, marked, not dropped
     assert "10.0.0.9" not in [r.src_ip for r in queue(spark, lake).collect()]
     assert "10.0.0.9" in [r.src_ip for r in queue(spark, lake, suppressed=True).collect()]

@@ -19,7 +19,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     """
     intel = sub.add_parser("intel", help="threat-intelligence indicators")
     verbs = intel.add_subparsers(dest="intel_command", required=True)
-    load = verbs.add_parser("load", help="load a feed (plain list or CSV of IPs and domains), then sweep history")
+    load = verbs.add_parser("load", help="load a feed (plain list, CSV or STIX 2.1 bundle of IPs and domains), "
+                                         "then sweep history")
     load.add_argument("file", type=Path, metavar="FILE")
     load.add_argument("--source", help="the feed's name (default: the file name)")
     load.add_argument("--valid-days", type=int, default=30, help="days an indicator stays valid (default 30)")
@@ -44,5 +45,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     skipped = f" ({result.skipped} line(s) neither an IP nor a domain: skipped)" if result.skipped else ""
     print(f"loaded {result.indicators} indicator(s) from {args.file}{skipped} into indicators v{result.version}",
           file=sys.stderr)
-    print(f"sweep of the last {args.sweep_days} days: {result.alerts} new alert(s) (rule seclake.intel_match)")
+    if not result.rules:
+        print("no rule in the rules folder looks up indicators (lookups: [indicators]): history not swept; "
+              "the rules of rules/intel/ do", file=sys.stderr)
+    by = f" (rules {', '.join(result.rules)})" if result.rules else ""
+    print(f"sweep of the last {args.sweep_days} days: {result.alerts} new alert(s){by}")
     return 0

@@ -1,9 +1,15 @@
-"""Reading indicator feeds (no Spark): plain lists and CSV as abuse.ch and similar feeds publish them.
+"""Reading indicator feeds (no Spark): plain lists, CSV as abuse.ch publishes it, and STIX 2.1 bundles.
 
 - **Plain list**: one indicator per line; `#` starts a comment.
 - **CSV** with a header naming the indicator column: `ioc_value` (ThreatFox), `dst_ip` (Feodo
   Tracker), `url` (URLhaus: the URL's host is the indicator), or `indicator`, `value`, `domain`,
   `ip`. abuse.ch's leading `#` comment lines are skipped, and the header may be one of them.
+- **STIX 2.1** bundle (JSON, as TAXII servers and MISP export it), read with the OASIS `stix2`
+  library: each `indicator` with a STIX pattern gives the values its pattern compares for
+  equality on `domain-name:value`, `ipv4-addr:value`, `ipv6-addr:value` or `url:value` (the URL's
+  host). Other comparisons (file hashes, ports), revoked indicators and those whose `valid_until`
+  has passed are skipped and reported. A pattern that ANDs an address with other conditions
+  counts as the address alone: matching is by address or domain only.
 
 Each value is an IPv4/IPv6 address or a domain name (lower-cased, trailing dot removed); anything
 else is counted as skipped, never silently kept.
@@ -15,6 +21,7 @@ import io
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -58,6 +65,8 @@ def parse_feed(text: str) -> Feed:
     >>> parse_feed('# "first_seen_utc","dst_ip","dst_port"\\n"2026-11-01","192.0.2.4","443"\\n').indicators
     [('ip', '192.0.2.4')]
     """
+    if text.lstrip().startswith("{"):
+        return parse_stix(text)
     lines = text.splitlines()
     header_at, column = _csv_header(lines)
     found: dict[tuple[str, str], None] = {}
@@ -76,6 +85,56 @@ def parse_feed(text: str) -> Feed:
             skipped.append(value)
         else:
             found[indicator] = None
+    return Feed(list(found), skipped)
+
+
+STIX_VALUE_TYPES = ("domain-name", "ipv4-addr", "ipv6-addr", "url")
+
+
+def parse_stix(text: str, now: datetime | None = None) -> Feed:
+    """The domains and IPs of a STIX 2.1 bundle's indicators (see the module's docstring).
+
+    >>> bundle = {"type": "bundle", "id": "bundle--0d6b1c5e-5f3a-4b8e-9a53-3c1e2f0a9b11", "objects": [
+    ...     {"type": "indicator", "spec_version": "2.1", "id": "indicator--8e2e2d2b-17d4-4cbf-938f-98ee46b3cd3f",
+    ...      "created": "2026-11-01T00:00:00Z", "modified": "2026-11-01T00:00:00Z", "pattern_type": "stix",
+    ...      "valid_from": "2026-11-01T00:00:00Z",
+    ...      "pattern": "[domain-name:value = 'Evil.test'] OR [ipv4-addr:value = '203.0.113.9']"}]}
+    >>> import json; parse_stix(json.dumps(bundle)).indicators
+    [('domain', 'evil.test'), ('ip', '203.0.113.9')]
+    """
+    import stix2
+    from stix2patterns.v21.pattern import Pattern
+
+    at = now or datetime.now(timezone.utc)
+    try:
+        parsed = stix2.parse(text, allow_custom=True)
+    except Exception as exc:  # the library raises several types; all mean "not a bundle we can read"
+        raise ValueError(f"not a STIX 2.1 bundle: {str(exc).splitlines()[0]}") from None
+    objects = getattr(parsed, "objects", None) or [parsed]
+    found: dict[tuple[str, str], None] = {}
+    skipped: list[str] = []
+    for obj in objects:
+        if obj.get("type") != "indicator":
+            continue
+        if obj.get("pattern_type") != "stix":
+            skipped.append(f"{obj.id}: pattern type {obj.get('pattern_type')!r} (only STIX patterns are read)")
+            continue
+        if obj.get("revoked"):
+            skipped.append(f"{obj.id}: revoked")
+            continue
+        if obj.get("valid_until") and obj.valid_until <= at:
+            skipped.append(f"{obj.id}: expired {obj.valid_until:%Y-%m-%d}")
+            continue
+        comparisons = Pattern(obj.pattern).inspect().comparisons
+        usable = 0
+        for kind in STIX_VALUE_TYPES:
+            for path, operator, literal in comparisons.get(kind, ()):
+                indicator = classify(literal.strip("'")) if path == ["value"] and operator == "=" else None
+                if indicator is not None:
+                    found[indicator] = None
+                    usable += 1
+        if not usable:
+            skipped.append(f"{obj.id}: {obj.pattern} (no domain or IP compared for equality)")
     return Feed(list(found), skipped)
 
 

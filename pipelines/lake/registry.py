@@ -64,6 +64,9 @@ def _specs() -> dict[str, TableSpec]:
                            kept_by="seclake suppress"))
     specs.append(TableSpec("notifications", "gold", "one row per alert and destination: delivered, or dead-lettered "
                            "with the last error", schemas.NOTIFICATIONS_SCHEMA, kept_by="seclake notify"))
+    specs.append(TableSpec("incidents", "gold", "alerts of one entity grouped in time, with a risk score; rebuilt "
+                           "whole from alerts and alert_triage", schemas.INCIDENTS_SCHEMA,
+                           kept_by="the Dagster asset incidents"))
     specs.append(TableSpec("indicators", "gold", "threat-intel indicators (IPs, domains) by feed, with validity; "
                            "loaded with MERGE", schemas.INDICATORS_SCHEMA, kept_by="seclake intel load"))
     return {spec.name: spec for spec in specs}

@@ -24,7 +24,7 @@ from pipelines.lake.registry import Lake
 from pipelines.rules.alerts import alert_frame, alert_id, unseen
 from pipelines.rules.engine import rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
-from pipelines.rules.tables import ALERTS_TABLE, table_path
+from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
 from pipelines.triage.suppressions import mark
 
 GROUND_TRUTH = "ground_truth.jsonl"
@@ -47,6 +47,8 @@ def run_batch(spark: SparkSession, rule: Rule, load: Callable[[SparkSession, str
     session = rule_session(spark)
     for table in rule.tables:
         load(session, table).createOrReplaceTempView(table)
+    for table in rule.lookups:
+        lookup_view(load(session, table), table).createOrReplaceTempView(table)
     rows = session.sql(rule.sql)
     rows = rows.withColumn("match_key", alert_id(rule, *[rows[k] for k in rule.keys], window_start=rows.window_start,
                                                 window_end=rows.window_end, with_version=False))
@@ -242,6 +244,9 @@ def _loader(lake: Lake, rule: Rule, start: datetime | None,
         raise ValueError(f"no table(s) {missing} under {lake.home.tables}: run the pipeline first")
 
     def load(session: SparkSession, table: str) -> DataFrame:
+        if table in rule.lookups:  # current state, whatever the range
+            return (read_table(session, table_path(lake, table)) if lake.exists(table)
+                    else session.createDataFrame([], table_schema(table)))
         frame = read_table(session, table_path(lake, table))
         if start is not None:
             frame = frame.where(F.col(rule.event_time) >= F.lit(start))

@@ -50,7 +50,7 @@ from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
 from pipelines.rules.status import RuleStatus, rule_status, utc_now
-from pipelines.rules.tables import ALERTS_TABLE, table_path
+from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path
 from pipelines.settings import Settings
 from pipelines.triage.suppressions import mark
 
@@ -281,6 +281,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         missing = [t for t in rule.tables if not lake.exists(t)]
         if missing:
             raise MissingInputError(f"rule {rule.slug}: input table(s) {missing} do not exist yet")
+        for table in rule.lookups:  # empty until its command first writes it: the rule matches nothing yet
+            lake.ensure(spark, table)
         check_resumable(checkpoint)
         app_id = claim_checkpoint(checkpoint, rule)
         if once:
@@ -293,6 +295,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             # of event time in every file, so splitting it by files would make the later files look late.
             with_marks(read_stream(session, table_path(lake, table)), marks, rule.event_time,
                        rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
+        for table in rule.lookups:
+            lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
         rows = session.sql(rule.sql)
         alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
         writer = AlertWriter(lake, rule, app_id, status, settings, marker)
@@ -327,14 +331,24 @@ def watch_rule(running: RunningQuery, now: float) -> None:
 
 def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
                      rules_dir: str | os.PathLike | None = None) -> list[str]:
-    """After the rules application died by itself: count a failure for every deployed rule that
-    was in a micro-batch (its "stream" marker is still there); return their slugs."""
+    """After the rules application died by itself: charge every deployed rule that was in a
+    micro-batch (its "stream" marker is still there); return their slugs.
+
+    A rule already suspected of a death (on probation: suspects restart one at a time) is charged
+    a failure in full; the others become suspects, counted but never disabled by this death,
+    since an innocent rule in a batch beside the culprit cannot be told from it.
+    """
     status = rule_status(spark, lake)
     charged = []
     for rule in scan_rules(rules_dir or default_rules_dir()).rules:
         marker = lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER
         if marker.is_file() and marker.read_text() == "stream":
-            record_failure(status, settings, rule, DIED)
+            health = status.get(rule.slug, rule.content_hash)
+            if health.reason == DIED:
+                record_failure(status, settings, rule, DIED)
+            else:
+                status.put(health.suspected(DIED, utc_now(), max_failures=settings.rule_max_failures,
+                                            retry_s=interval_seconds(settings.rule_retry)))
             marker.unlink()
             charged.append(rule.slug)
     return charged

@@ -66,6 +66,19 @@ class RuleHealth:
         return replace(self, state=FAILING, failures=failures, reason=reason,
                        retry_at=now + timedelta(seconds=retry_s * 2 ** (failures - 1)))
 
+    def suspected(self, reason: str, now: datetime, *, max_failures: int, retry_s: float) -> RuleHealth:
+        """After the application died while this rule and others were in a batch: counted like
+        `failed`, except that it never disables; only a death while the rule was the one on
+        probation does (the culprit is then known).
+
+        >>> RuleHealth("r", "a", FAILING, 1, "x").suspected("died", datetime(2026, 1, 1),
+        ...                                                 max_failures=2, retry_s=5).state
+        'failing'
+        """
+        failures = min(self.failures + 1, max_failures - 1)
+        return replace(self, state=FAILING, failures=failures, reason=reason,
+                       retry_at=now + timedelta(seconds=retry_s * 2 ** max(failures - 1, 0)))
+
     def succeeded(self) -> RuleHealth:
         """After a batch that committed: the failure count starts again from zero.
 

@@ -22,7 +22,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from pipelines.rules.limits import LimitError, check_limits
-from pipelines.rules.tables import ALERTS_TABLE, readable_tables
+from pipelines.rules.tables import ALERTS_TABLE, LOOKUP_TABLES, readable_tables, table_schema
 from pipelines.sandbox import SandboxError, check_escapes, function_names
 
 # Every rule returns these columns (more are allowed: they are stored as JSON in `details`).
@@ -39,7 +39,9 @@ REQUIRED_METADATA: tuple[str, ...] = (
     "id", "name", "version", "severity", "mitre", "description", "false_positives",
     "tables", "event_time", "window",
 )
-OPTIONAL_METADATA: tuple[str, ...] = ("keys", "references")
+OPTIONAL_METADATA: tuple[str, ...] = ("keys", "references", "lookups")
+# `lookups` (optional): tables of LOOKUP_TABLES the SQL joins as their current snapshot, not
+# streamed (`indicators`); `tables` lists only the streamed ones.
 # `watermark` is optional too (a string, not a list): without it, Settings.rule_watermark.
 # `emit` (optional): when a window's alert is written. "closed" (the default): once the watermark
 # passes the window's end (append mode). "crossed": in the first micro-batch where the window's
@@ -94,6 +96,7 @@ class Rule:
     logic_hash: str
     references: tuple[str, ...] = ()
     emit: str = "closed"  # see EMIT_MODES
+    lookups: tuple[str, ...] = ()  # joined as their current snapshot (LOOKUP_TABLES)
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -178,12 +181,17 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
         raise RuleError(f"file name {slug!r} must be snake_case ([a-z][a-z0-9_]*): it names the "
                         "rule's query and checkpoint")
     tree = parse_single_select(body)
-    schemas = readable_tables()
+    lookups = tuple(meta.get("lookups") or ())
+    not_lookups = [t for t in lookups if t not in LOOKUP_TABLES]
+    if not_lookups:
+        raise RuleError(f"lookups {not_lookups} are not lookup tables; rules may look up: {', '.join(LOOKUP_TABLES)}")
+    schemas = {**readable_tables(), **{t: table_schema(t) for t in lookups}}
     # sqlglot numbers the lines of `body`; its line 1 is the file's line of the closing */
     tables = check_query(tree, schemas, line_offset=text[:len(text) - len(body)].count("\n"))
     declared = tuple(meta["tables"])
-    if set(declared) != set(tables):
-        raise RuleError(f"metadata tables {sorted(declared)} differ from the tables the SQL reads {sorted(tables)}")
+    if set(declared) | set(lookups) != set(tables) or set(declared) & set(lookups):
+        raise RuleError(f"metadata tables {sorted(declared)} and lookups {sorted(lookups)} differ from the tables the "
+                        f"SQL reads {sorted(tables)}")
     for table in declared:
         if meta["event_time"] not in schemas[table].fieldNames():
             raise RuleError(f"event_time column {meta['event_time']!r} is not a column of table {table}")
@@ -209,7 +217,7 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
         watermark=meta.get("watermark"), window=meta["window"], keys=keys, columns=columns, sql=sql, emit=emit,
         content_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         logic_hash=hashlib.sha256(logic.encode("utf-8")).hexdigest(),
-        references=tuple(meta.get("references") or ()), path=path,
+        references=tuple(meta.get("references") or ()), lookups=lookups, path=path,
     )
 
 
@@ -364,6 +372,9 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
     if name == ALERTS_TABLE:
         raise RuleError("rules may not read the alerts table (alerts flow one way: events -> alerts)")
     if name not in schemas:
+        if name in LOOKUP_TABLES:
+            raise RuleError(f"{name} is a lookup table: list it under `lookups:` in the metadata (it is joined as "
+                            "its current snapshot, not streamed)")
         raise RuleError(f"unknown table {name!r}; rules may read: {', '.join(sorted(schemas))}")
     return name
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from pipelines.lake.registry import Lake
@@ -22,13 +23,29 @@ def readable_tables() -> dict[str, StructType]:
             if name != ALERTS_TABLE and not Lake.spec(name).kept_by}
 
 
+# Lookup tables: state a rule may join as its current snapshot (`lookups:` in the rule's metadata),
+# never streamed. Each maps to the rows that count now: an expired indicator matches nothing.
+LOOKUP_TABLES: dict[str, str] = {
+    "indicators": "valid_from <= current_timestamp() AND valid_until > current_timestamp()",
+}
+
+
+def lookup_view(rows: DataFrame, name: str) -> DataFrame:
+    """The rows of lookup table `name` that count now. In a streaming rule, Delta re-reads the
+    table's latest version in every micro-batch, so an indicator loaded while the stream runs is
+    matched from the next batch on."""
+    return rows.where(LOOKUP_TABLES[name])
+
+
 def table_schema(name: str) -> StructType:
-    """The schema of one readable table; ValueError names an unknown table.
+    """The schema of one table a rule may read or look up; ValueError names an unknown table.
 
     >>> table_schema("silver_dhcp").fieldNames()[:2]
     ['event_id', 'event_time']
+    >>> table_schema("indicators").fieldNames()[2:4]
+    ['type', 'value']
     """
-    tables = readable_tables()
+    tables = {**readable_tables(), **{name: Lake.spec(name).schema for name in LOOKUP_TABLES}}
     try:
         return tables[name]
     except KeyError:

@@ -83,9 +83,10 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
     unknown = sorted(set(doc) - {"cases", "defaults"})
     if unknown:
         raise RuleError(f"{label}: unknown top-level key(s) {unknown}")
+    reads = [*rule.tables, *rule.lookups]
     defaults = doc.get("defaults") or {}
-    if not isinstance(defaults, dict) or any(t not in rule.tables for t in defaults):
-        raise RuleError(f"{label}: `defaults` must map tables the rule reads ({list(rule.tables)}) to column values")
+    if not isinstance(defaults, dict) or any(t not in reads for t in defaults):
+        raise RuleError(f"{label}: `defaults` must map tables the rule reads ({reads}) to column values")
     cases: list[Case] = []
     names: set[str] = set()
     for n, raw in enumerate(doc["cases"], 1):
@@ -105,9 +106,8 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
             raise RuleError(f"{where}: `input` must map table names to lists of rows")
         rows: dict[str, list[dict]] = {}
         for table, items in inputs.items():
-            if table not in rule.tables:
-                raise RuleError(f"{where}: input table {table!r} is not read by the rule "
-                                f"(it reads {list(rule.tables)})")
+            if table not in reads:
+                raise RuleError(f"{where}: input table {table!r} is not read by the rule (it reads {reads})")
             if not isinstance(items, list):
                 raise RuleError(f"{where}: input {table} must be a list of rows")
             rows[table] = expand_rows(table, items, defaults.get(table) or {}, f"{where}, {table}")

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.registry import Lake
 from pipelines.triage.store import CLOSED, triaged_alerts
 
+INCIDENTS_TABLE = "incidents"
 SEVERITY_WEIGHT = {"critical": 100, "high": 50, "medium": 20, "low": 5, "info": 1}
 PLATFORM_RULE_PREFIX = "seclake."  # platform alerts (a rule disabled) concern no entity
 
@@ -49,3 +50,18 @@ def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours
             .select("entity", "first_seen", "last_seen", "alerts", "open_alerts", "rules", "max_severity", "risk",
                     "alert_ids")
             .orderBy(F.col("risk").desc(), F.col("last_seen").desc(), "entity"))
+
+
+def refresh(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> tuple[int, int]:
+    """Rebuild the `incidents` table from `incidents()` (the Dagster asset); (version, incidents)."""
+    from pipelines.lake.merge import replace
+    from pipelines.rules.tables import ALERTS_TABLE
+
+    lake.ensure(spark, ALERTS_TABLE)
+    lake.ensure(spark, INCIDENTS_TABLE)
+    schema = lake.spec(INCIDENTS_TABLE).schema
+    rows = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
+    try:
+        return replace(lake.path(INCIDENTS_TABLE), rows), rows.count()
+    finally:
+        rows.unpersist()
