@@ -51,6 +51,7 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
     (see `seclake run-once --only`).
     """
     lake.home.create()
+    _follow_move(lake)
     reports = []
     for stage in stages():
         if only and stage.name not in only:
@@ -77,6 +78,15 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
         if on_report:
             on_report(rep)
     return reports
+
+
+def _follow_move(lake: Lake) -> None:
+    from pipelines.operations.relocate import follow_move
+
+    moved = follow_move(lake.home)
+    if moved:
+        log.warning("this home was moved or copied here: %d landing file(s) its checkpoints record as read "
+                    "now point to %s", moved, lake.home.landing)
 
 
 @contextmanager
@@ -115,6 +125,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     if only == "rules" and running_stream(home) == os.getppid():
         # Started by `seclake stream`, which holds the home's stream marker and made the tables.
         return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
+    _follow_move(lake)
     # Each stage streams from the tables of the one before it: on a fresh home they start empty.
     # Made here, before a rules application starts: two JVMs creating one table conflict.
     for name in lake.names():

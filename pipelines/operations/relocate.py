@@ -1,0 +1,74 @@
+"""A home moved or copied to another folder keeps working: its checkpoints follow it.
+
+Spark's file source records the absolute path of every landing file it has read, in its
+checkpoint's source logs (`checkpoints/<query>/sources/<n>/<batch>`). A copy of a home would see
+its own landing files as new, read them all again and write bronze twice (silver de-duplicates,
+bronze keeps every line). Every run-once and stream therefore starts with `follow_move`: entries
+recorded under another home's `landing/` are rewritten to this home's. Delta tables need nothing:
+their logs hold relative paths, and stream offsets name tables by id.
+"""
+from __future__ import annotations
+
+import json
+import os
+from urllib.parse import quote, unquote
+
+from pipelines.home import Home
+
+# Left unescaped in a URI path (RFC 3986), as Hadoop's Path.toUri writes them: an entry must equal
+# the listed file's URI string for the file source to know it as read.
+URI_PATH_SAFE = "/!$&'()*+,;=:@~"
+
+
+def follow_move(home: Home) -> int:
+    """Rewrite the file-source log entries of `home`'s checkpoints that name another home's
+    landing files; the number of entries rewritten (0 for a home that never moved).
+
+    Idempotent and safe to interrupt: each log file is replaced whole, and a second pass finds
+    nothing left to rewrite.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     log = Path(tmp, "new", "checkpoints", "etl", "sources", "0", "0")
+    ...     log.parent.mkdir(parents=True)
+    ...     _ = log.write_text('v1\\n{"path":"file:///old/home/landing/zeek/dns.log","batchId":0}')
+    ...     (follow_move(Home(Path(tmp, "new"))), follow_move(Home(Path(tmp, "new"))),
+    ...      f"/new/landing/zeek/dns.log" in log.read_text())
+    (1, 0, True)
+    """
+    landing = str(home.landing)
+    rewritten = 0
+    for log in home.checkpoints.glob("*/sources/*/*"):
+        if log.name.startswith(".") or not log.is_file():
+            continue
+        lines = log.read_text().splitlines()
+        changed = 0
+        for i, line in enumerate(lines[1:], start=1):
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            moved = _moved(unquote(entry["path"].removeprefix("file://")), landing)
+            if moved is not None:
+                entry["path"] = "file://" + quote(moved, safe=URI_PATH_SAFE)
+                lines[i] = json.dumps(entry, separators=(",", ":"))
+                changed += 1
+        if changed:
+            tmp = log.with_name(f".{log.name}.moving")
+            tmp.write_text("\n".join(lines))
+            # The checksum Hadoop keeps beside the file would no longer match: without it, none is checked.
+            log.with_name(f".{log.name}.crc").unlink(missing_ok=True)
+            os.replace(tmp, log)
+            rewritten += changed
+    return rewritten
+
+
+def _moved(path: str, landing: str) -> str | None:
+    """`path` under this home's `landing` when it was under another home's; None when it is here.
+
+    >>> _moved("/a/landing/zeek/x.log", "/b/landing"), _moved("/b/landing/zeek/x.log", "/b/landing")
+    ('/b/landing/zeek/x.log', None)
+    """
+    if path.startswith(landing + "/"):
+        return None
+    head, sep, rest = path.rpartition("/landing/")
+    return f"{landing}/{rest}" if sep and head else None
