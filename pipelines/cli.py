@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_intel_commands(sub, _home_arg)
 
+    from pipelines.kafka.cli import add_commands as add_kafka_commands
+
+    add_kafka_commands(sub, _home_arg)
+
     from pipelines.operations.cli import add_commands as add_operations_commands
 
     add_operations_commands(sub, _home_arg, _settings_arg)

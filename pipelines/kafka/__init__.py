@@ -1,0 +1,1 @@
+"""Kafka: the development broker (`seclake kafka start|stop|status`)."""
