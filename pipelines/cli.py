@@ -136,8 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_intel_commands(sub, _home_arg)
 
     from pipelines.kafka.cli import add_commands as add_kafka_commands
+    from pipelines.kafka.cli import add_ship_command
 
     add_kafka_commands(sub, _home_arg)
+    add_ship_command(sub)
 
     from pipelines.operations.cli import add_commands as add_operations_commands
 

@@ -1,8 +1,10 @@
-"""`seclake kafka start|stop|status`: the development Kafka broker of a home (docs/kafka.md)."""
+"""`seclake kafka start|stop|status`: the development Kafka broker of a home; `seclake ship`: sensor logs
+to Kafka (docs/kafka.md)."""
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 
@@ -28,6 +30,41 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
                             help=f"the broker's port on 127.0.0.1 (default {DEFAULT_PORT})")
         home_arg(parser)
         parser.set_defaults(func=cmd_kafka)
+
+
+def add_ship_command(sub: argparse._SubParsersAction) -> None:
+    """Add `ship FOLDER` to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_ship_command(sub)
+    >>> parser.parse_args(["ship", "/var/log/zeek/current"]).kafka
+    '127.0.0.1:9092'
+    """
+    from pipelines.kafka.broker import DEFAULT_PORT
+
+    ship = sub.add_parser("ship", help="tail a sensor's log folder (Zeek current logs, Suricata eve.json) into "
+                                       "Kafka topics, each line once; Ctrl-C/SIGTERM to stop")
+    ship.add_argument("folder", type=Path, metavar="FOLDER", help="the folder the sensor writes its logs in")
+    ship.add_argument("--kafka", default=f"127.0.0.1:{DEFAULT_PORT}",
+                      help=f"bootstrap servers (default 127.0.0.1:{DEFAULT_PORT}, the development broker)")
+    ship.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the files (default 0.5)")
+    ship.set_defaults(func=cmd_ship)
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from pipelines.kafka.ship import Shipper
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    shipper = Shipper(args.folder, args.kafka)
+    print(f"seclake ship: {args.folder} -> Kafka {args.kafka}; Ctrl-C to stop", flush=True)
+    shipped = shipper.run(stop, args.poll)
+    print(f"seclake ship: stopped, {shipped:,} line(s) shipped", flush=True)
+    return 0
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:

@@ -1,0 +1,292 @@
+"""`seclake ship`: tail sensor log files as they are written and publish every line to Kafka once.
+
+What a log shipper does between a sensor and Kafka, for Zeek's current logs (`conn.log`,
+`dns.log`, `dhcp.log`, ... -> topics `zeek.conn`, `zeek.dns`, ...) and Suricata's `eve.json`
+(-> `suricata.eve`):
+
+- only complete lines are sent (a line still being written waits for its newline);
+- rotation is followed: a file renamed away (Zeek's `dns.log` -> `dns.<time>.log`) is read to its
+  end through the handle already open, then the new file from its start;
+- **exactly once across restarts, with no state file**: every message carries where its line
+  ended (`seclake.file`: device and inode, `seclake.end`: byte offset) in its Kafka headers. On
+  start, the last message of each topic says where shipping stopped; the producer is idempotent
+  with `acks=all`, so a topic never holds a later line without every earlier one, and a
+  restarted shipper neither skips nor repeats a line, whenever it was killed.
+- Zeek TSV lines carry their file's header block (`#separator` .. `#types`) in the
+  `seclake.zeek_header` header, so a consumer parses a line on its own; JSON lines need none.
+
+One shipper per folder and topic: two shippers publishing the same files would both resume from
+the same last message.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("seclake")
+
+# The files a sensor writes and their topic: Zeek `<kind>.log`, Suricata `eve.json`.
+EVE = "eve.json"
+HEADER_FILE, HEADER_END, HEADER_ZEEK = "seclake.file", "seclake.end", "seclake.zeek_header"
+POLL_S = 0.5
+READ_BYTES = 1 << 20
+
+
+def topic_of(name: str) -> str | None:
+    """The topic of a sensor's current log file, or None for files that are not shipped
+    (rotated files: they are read only to finish what was open).
+
+    >>> topic_of("dns.log"), topic_of("eve.json"), topic_of("dns.2026-11-20-13-00-00.log"), topic_of("x.txt")
+    ('zeek.dns', 'suricata.eve', None, None)
+    """
+    if name == EVE:
+        return "suricata.eve"
+    stem, dot, ext = name.partition(".")
+    return f"zeek.{stem}" if dot and ext == "log" and stem.isidentifier() else None
+
+
+def file_id(stat: os.stat_result) -> str:
+    """A file's identity across renames: device and inode."""
+    return f"{stat.st_dev}:{stat.st_ino}"
+
+
+@dataclass
+class Tail:
+    """One file being shipped: its open handle, identity, position and Zeek header block."""
+
+    topic: str
+    path: Path
+    handle: object
+    ident: str
+    pos: int = 0
+    header: list[bytes] = field(default_factory=list)
+    partial: bytes = b""
+
+    def seek(self, offset: int) -> None:
+        """Go on after `offset` (a resume point); the Zeek header block above it still applies."""
+        self.handle.seek(0)  # type: ignore[attr-defined]
+        self.header = _zeek_header(self.handle.read(offset).split(b"\n"), [])  # type: ignore[attr-defined]
+        self.pos, self.partial = offset, b""
+
+    def lines(self) -> Iterator[tuple[bytes, int]]:
+        """The complete lines appended since the last call, each with the offset where it ends."""
+        while True:
+            chunk = self.handle.read(READ_BYTES)  # type: ignore[attr-defined]
+            if not chunk:
+                return
+            data = self.partial + chunk
+            start = 0
+            base = self.pos - len(self.partial)
+            while (end := data.find(b"\n", start)) >= 0:
+                line = data[start:end]
+                yield line, base + end + 1
+                start = end + 1
+            self.partial = data[start:]
+            self.pos = base + len(data)
+
+
+def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> dict[str, tuple[str, int]]:
+    """topic -> (file id, end offset) of the last message each topic holds (absent: never shipped)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "seclake-ship-resume",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    found: dict[str, tuple[str, int]] = {}
+    try:
+        meta = consumer.list_topics(timeout=timeout_s)
+        for topic in topics:
+            if topic not in meta.topics or not meta.topics[topic].partitions:
+                continue
+            if len(meta.topics[topic].partitions) != 1:
+                raise ValueError(f"topic {topic} has {len(meta.topics[topic].partitions)} partitions; "
+                                 "seclake ship keeps each file's lines in order in one partition")
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, 0, high - 1)])
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                message = consumer.poll(1.0)
+                if message is None or message.error():
+                    continue
+                pairs: list[tuple[str, bytes]] = message.headers() or []  # type: ignore[assignment]
+                headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in pairs}
+                if HEADER_FILE not in headers or HEADER_END not in headers:
+                    raise ValueError(f"topic {topic}: its last message was not written by seclake ship (no "
+                                     f"{HEADER_FILE} header); give the shipper topics of its own")
+                found[topic] = (headers[HEADER_FILE], int(headers[HEADER_END]))
+                break
+            else:
+                raise RuntimeError(f"could not read the last message of topic {topic} within {timeout_s:.0f} s")
+    finally:
+        consumer.close()
+    return found
+
+
+class Shipper:
+    """Ships the sensor files of `folder` to the Kafka at `bootstrap` until `stop` is set."""
+
+    def __init__(self, folder: Path, bootstrap: str) -> None:
+        from confluent_kafka import Producer
+
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder (the sensor's log folder)")
+        self.folder = folder
+        self.bootstrap = bootstrap
+        # No message ever times out (message.timeout.ms=0): a line given up on while later ones
+        # get through would be a line lost. A broker that is away is waited for.
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                  "message.timeout.ms": 0, "linger.ms": 20, "compression.type": "lz4"})
+        self.tails: dict[str, Tail] = {}
+        self.resume: dict[str, tuple[str, int]] | None = None
+        self.shipped = 0
+        self.failure: str | None = None
+        self.done: set[str] = set()  # files shipped to their end and closed (rotated)
+
+    def _delivered(self, error: object, message: object) -> None:
+        if error is not None and self.failure is None:
+            self.failure = str(error)
+
+    def run(self, stop: threading.Event, poll_s: float = POLL_S) -> int:
+        """Ship until `stop` is set, then flush; the lines shipped."""
+        try:
+            while not stop.is_set():
+                self.step()
+                stop.wait(poll_s)
+            self.step()
+        finally:
+            self.flush()
+        return self.shipped
+
+    def step(self) -> None:
+        """One pass: follow rotations, send every complete new line of every current file."""
+        if self.resume is None:
+            self._start()
+        for topic, path in self._current().items():
+            tail = self.tails.get(topic)
+            stat = path.stat()
+            if tail is not None and tail.ident == file_id(stat) and stat.st_size < tail.pos:
+                # Truncated in place (copytruncate rotation): what it held before is shipped.
+                log.warning("seclake ship: %s was truncated; shipping it again from its start", path)
+                tail.handle.seek(0)  # type: ignore[attr-defined]
+                tail.pos, tail.partial = 0, b""
+            if tail is None or tail.ident != file_id(stat):
+                # Opened before the rotated files are listed: a rotation from here on is seen next pass.
+                new = self._open(topic, path)
+                if tail is not None:
+                    self._finish(tail, new)
+                tail = self.tails[topic] = new
+            self._send_lines(tail)
+        self.producer.poll(0)
+        if self.failure is not None:
+            raise RuntimeError(f"Kafka at {self.bootstrap} refused a line: {self.failure}; "
+                               "the next start resumes after the last line it holds")
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        left = self.producer.flush(timeout_s)
+        if self.failure is not None:
+            raise RuntimeError(f"Kafka at {self.bootstrap} refused a line: {self.failure}")
+        if left:
+            raise RuntimeError(f"{left} message(s) not acknowledged by Kafka at {self.bootstrap} within "
+                               f"{timeout_s:.0f} s; they are shipped again by the next start")
+
+    def _current(self) -> dict[str, Path]:
+        return {topic: path for path in sorted(self.folder.iterdir())
+                if (topic := topic_of(path.name)) is not None and path.is_file()}
+
+    def _start(self) -> None:
+        """The first pass: hold the current files open, then resume each topic after the line its
+        last message holds; when that line's file was rotated since, ship the rest of it and the
+        files rotated after it first. A topic never shipped to starts with the oldest file."""
+        held = {topic: self._open(topic, path) for topic, path in self._current().items()}
+        self.resume = resume_points(self.bootstrap, sorted(held))
+        for topic, tail in held.items():
+            point = self.resume.get(topic)
+            if point is None:
+                self._ship_rotated(tail, 0)  # never shipped: everything the folder holds, oldest first
+            elif point[0] == tail.ident:
+                tail.seek(point[1])
+            elif point is not None:
+                rotated = next((p for p in self._rotated(topic) if file_id(p.stat()) == point[0]), None)
+                if rotated is None:
+                    log.warning("seclake ship: the file %s was last shipped from is no longer in %s (rotated "
+                                "elsewhere?); lines it got after offset %d, and files rotated after it, were "
+                                "not shipped", topic, self.folder, point[1])
+                else:
+                    old = self._open(topic, rotated)
+                    old.seek(point[1])
+                    self._finish(old, tail)
+            self.tails[topic] = tail
+
+    def _finish(self, tail: Tail, current: Tail) -> None:
+        """`tail`'s file was rotated: ship the rest of it (its open handle still reads it), then every
+        file of the topic rotated between it and the `current` one (by last write), oldest first,
+        so that a rotation while the shipper was down, or two between passes, loses nothing."""
+        self._send_lines(tail)
+        last_write = os.fstat(tail.handle.fileno()).st_mtime_ns  # type: ignore[attr-defined]
+        tail.handle.close()  # type: ignore[attr-defined]
+        self.done.add(tail.ident)
+        self._ship_rotated(current, last_write)
+
+    def _ship_rotated(self, current: Tail, after_ns: int) -> None:
+        """Ship, oldest first, the topic's rotated files last written from `after_ns` on and not
+        after the `current` file."""
+        bound = os.fstat(current.handle.fileno()).st_mtime_ns  # type: ignore[attr-defined]
+        later = sorted((p.stat().st_mtime_ns, p.name, p) for p in self._rotated(current.topic)
+                       if file_id(p.stat()) not in (*self.done, current.ident)
+                       and after_ns <= p.stat().st_mtime_ns <= bound)
+        for _, _, path in later:
+            rest = self._open(current.topic, path)
+            self._send_lines(rest)
+            rest.handle.close()  # type: ignore[attr-defined]
+            self.done.add(rest.ident)
+
+    def _rotated(self, topic: str) -> list[Path]:
+        """The topic's rotated files still in the folder: named like its current file, with more dots
+        (Zeek `dns.<time>.log`, Suricata `eve.<n>.json` or `eve.json.<n>`)."""
+        stem = "eve" if topic == "suricata.eve" else topic.removeprefix("zeek.")
+        return [p for p in self.folder.iterdir()
+                if p.is_file() and p.name.split(".")[0] == stem and topic_of(p.name) is None]
+
+    def _open(self, topic: str, path: Path) -> Tail:
+        handle = open(path, "rb")  # noqa: SIM115 - kept open across passes, closed on rotation
+        return Tail(topic, path, handle, file_id(os.fstat(handle.fileno())))
+
+    def _send_lines(self, tail: Tail) -> None:
+        for line, end in tail.lines():
+            text = line.rstrip(b"\r")
+            if text.startswith(b"#"):
+                tail.header = _zeek_header([text], tail.header)
+                continue
+            if not text:
+                continue
+            headers: list[tuple[str, str | bytes | None]] = [(HEADER_FILE, tail.ident), (HEADER_END, str(end))]
+            if tail.header:
+                headers.append((HEADER_ZEEK, b"\n".join(tail.header)))
+            while True:
+                try:
+                    self.producer.produce(tail.topic, text, headers=headers, on_delivery=self._delivered)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain
+                    self.producer.poll(0.5)
+            self.shipped += 1
+
+
+def _zeek_header(lines: list[bytes], header: list[bytes]) -> list[bytes]:
+    """The Zeek header block after `lines`: a `#separator` line starts a new one; `#close` and
+    `#open` are not part of it.
+
+    >>> _zeek_header([b"#separator \\\\x09", b"#fields\\tts", b"#close\\tx"], [])
+    [b'#separator \\\\x09', b'#fields\\tts']
+    """
+    for line in lines:
+        if line.startswith(b"#separator"):
+            header = [line]
+        elif line.startswith(b"#") and not line.startswith((b"#open", b"#close")):
+            header = [*header, line]
+    return header
