@@ -1,5 +1,6 @@
-"""The development Kafka broker: a real Apache Kafka (KRaft) started and stopped by the project,
-its data under the home, listening on 127.0.0.1 only, durable across a restart."""
+"""Kafka: the development broker (a real Apache Kafka in KRaft mode, started and stopped by the
+project, its data under the home, listening on 127.0.0.1 only, durable across a restart) and
+`seclake ship` (sensor files to topics, each line once across rotations and SIGKILLs)."""
 from __future__ import annotations
 
 import os
