@@ -30,6 +30,18 @@ from pathlib import Path
 
 log = logging.getLogger("seclake")
 
+
+class _DebugLogger(logging.Logger):
+    """librdkafka's own log lines (a refused connection every second while a broker is away) at
+    DEBUG, shown with `seclake -v` only: the shipper says what matters in its own words."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        super().log(logging.DEBUG, msg, *args, **kwargs)  # type: ignore[arg-type]
+
+
+LIBRDKAFKA_LOG = _DebugLogger("seclake.librdkafka")
+LIBRDKAFKA_LOG.parent = logging.getLogger("seclake")
+
 # The files a sensor writes and their topic: Zeek `<kind>.log`, Suricata `eve.json`.
 EVE = "eve.json"
 HEADER_FILE, HEADER_END, HEADER_ZEEK = "seclake.file", "seclake.end", "seclake.zeek_header"
@@ -92,13 +104,17 @@ class Tail:
 
 def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> dict[str, tuple[str, int]]:
     """topic -> (file id, end offset) of the last message each topic holds (absent: never shipped)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "seclake-ship-resume",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
     found: dict[str, tuple[str, int]] = {}
     try:
-        meta = consumer.list_topics(timeout=timeout_s)
+        try:
+            meta = consumer.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise RuntimeError(f"Kafka at {bootstrap} did not answer within {timeout_s:.0f} s "
+                               f"({exc.args[0].str()}); start it (seclake kafka start) or pass --kafka") from None
         for topic in topics:
             if topic not in meta.topics or not meta.topics[topic].partitions:
                 continue
@@ -141,14 +157,28 @@ class Shipper:
         # No message ever times out (message.timeout.ms=0): a line given up on while later ones
         # get through would be a line lost. A broker that is away is waited for.
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                  "message.timeout.ms": 0, "linger.ms": 20, "compression.type": "lz4"})
+                                  "message.timeout.ms": 0, "linger.ms": 20, "compression.type": "lz4",
+                                  "logger": LIBRDKAFKA_LOG, "error_cb": self._error})
+        self.away = False
         self.tails: dict[str, Tail] = {}
         self.resume: dict[str, tuple[str, int]] | None = None
         self.shipped = 0
         self.failure: str | None = None
         self.done: set[str] = set()  # files shipped to their end and closed (rotated)
 
+    def _error(self, error: object) -> None:
+        from confluent_kafka import KafkaError
+
+        assert isinstance(error, KafkaError)
+        if error.fatal() and self.failure is None:
+            self.failure = error.str()
+        elif error.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN) and not self.away:
+            self.away = True  # said once per outage; the lines wait in the producer's queue
+            log.warning("Kafka at %s is unreachable (%s); lines wait until it is back",
+                        self.bootstrap, error.str())
+
     def _delivered(self, error: object, message: object) -> None:
+        self.away = False
         if error is not None and self.failure is None:
             self.failure = str(error)
 
@@ -172,7 +202,7 @@ class Shipper:
             stat = path.stat()
             if tail is not None and tail.ident == file_id(stat) and stat.st_size < tail.pos:
                 # Truncated in place (copytruncate rotation): what it held before is shipped.
-                log.warning("seclake ship: %s was truncated; shipping it again from its start", path)
+                log.warning("%s was truncated; shipping it again from its start", path)
                 tail.handle.seek(0)  # type: ignore[attr-defined]
                 tail.pos, tail.partial = 0, b""
             if tail is None or tail.ident != file_id(stat):
@@ -214,7 +244,7 @@ class Shipper:
             elif point is not None:
                 rotated = next((p for p in self._rotated(topic) if file_id(p.stat()) == point[0]), None)
                 if rotated is None:
-                    log.warning("seclake ship: the file %s was last shipped from is no longer in %s (rotated "
+                    log.warning("the file %s was last shipped from is no longer in %s (rotated "
                                 "elsewhere?); lines it got after offset %d, and files rotated after it, were "
                                 "not shipped", topic, self.folder, point[1])
                 else:
