@@ -28,6 +28,7 @@ def follow_move(home: Home) -> int:
     nothing left to rewrite.
 
     >>> import tempfile
+    >>> from pathlib import Path
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     log = Path(tmp, "new", "checkpoints", "etl", "sources", "0", "0")
     ...     log.parent.mkdir(parents=True)
