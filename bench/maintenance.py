@@ -41,6 +41,8 @@ def build(spark, landing: Path, home_dir: Path, batch_files: int) -> None:
     from pipelines.settings import Settings
 
     common.link_tree(landing, home_dir / "landing")
+    # The device inventory: enriched rows name their device and owner, as in a real home.
+    shutil.copytree(landing.parent / "reference", home_dir / "reference", dirs_exist_ok=True)
     lake = Lake(Home.resolve(home_dir).create())
     reports = run_once(spark, lake, Settings().with_overrides({"max_files_per_trigger": batch_files}))
     failed = [r for r in reports if r.error]
