@@ -288,16 +288,18 @@ class Shipper:
         return Tail(topic, path, handle, file_id(os.fstat(handle.fileno())))
 
     def _send_lines(self, tail: Tail) -> None:
+        block = b"\n".join(tail.header)  # joined once per header change, not once per line
         for line, end in tail.lines():
             text = line.rstrip(b"\r")
             if text.startswith(b"#"):
                 tail.header = _zeek_header([text], tail.header)
+                block = b"\n".join(tail.header)
                 continue
             if not text:
                 continue
             headers: list[tuple[str, str | bytes | None]] = [(HEADER_FILE, tail.ident), (HEADER_END, str(end))]
-            if tail.header:
-                headers.append((HEADER_ZEEK, b"\n".join(tail.header)))
+            if block:
+                headers.append((HEADER_ZEEK, block))
             while True:
                 try:
                     self.producer.produce(tail.topic, text, headers=headers, on_delivery=self._delivered)
