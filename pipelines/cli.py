@@ -141,10 +141,51 @@ def build_parser() -> argparse.ArgumentParser:
     add_kafka_commands(sub, _home_arg)
     add_ship_command(sub)
 
+    from pipelines.objectstore.cli import add_commands as add_s3_commands
+
+    add_s3_commands(sub, _home_arg)
+    _add_cluster_commands(sub)
+
     from pipelines.operations.cli import add_commands as add_operations_commands
 
     add_operations_commands(sub, _home_arg, _settings_arg)
     return parser
+
+
+def _add_cluster_commands(sub: argparse._SubParsersAction) -> None:
+    from pipelines.cluster import DEFAULT_PORT
+
+    cluster = sub.add_parser("cluster", help="a Spark standalone cluster on this machine (a master and workers)")
+    verbs = cluster.add_subparsers(dest="cluster_command", required=True)
+    for verb, text in (("start", "start the master and the workers; print SECLAKE_SPARK_MASTER for them"),
+                       ("stop", "stop the workers and the master"),
+                       ("status", "say how many workers are alive; exit 1 when the master does not run")):
+        parser = verbs.add_parser(verb, help=text)
+        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                            help=f"the master's port (default {DEFAULT_PORT})")
+        parser.add_argument("--workers", type=int, default=2, help="workers (default 2)")
+        parser.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+        parser.add_argument("--memory", default="3g", help="memory per worker (default 3g)")
+        _home_arg(parser)
+        parser.set_defaults(func=cmd_cluster)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from pipelines.cluster import LocalCluster
+
+    cluster = LocalCluster(Home.resolve(args.home), args.port, args.workers, args.cores, args.memory)
+    if args.cluster_command == "stop":
+        print("spark cluster stopped" if cluster.stop() else "spark cluster was not running")
+        return 0
+    if args.cluster_command == "start":
+        cluster.start()
+        print(f"spark cluster up: {cluster.alive_workers()} worker(s), logs in {cluster.folder}; to run on it:\n"
+              f"  export SECLAKE_SPARK_MASTER={cluster.master_url}")
+        return 0
+    running = bool(cluster.pids())
+    print(f"spark cluster running: {cluster.master_url}, {cluster.alive_workers()} worker(s) alive" if running
+          else "spark cluster not running")
+    return 0 if running else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Settings that vary per machine or deployment come from the environment; settings
 streams themselves are `pipelines.settings.Settings` (`--set name=value`).
 
 >>> sorted(VARIABLES)[:2]
-['JAVA_HOME', 'SECLAKE_ENV']
+['AWS_ACCESS_KEY_ID', 'AWS_REGION']
 """
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ from pathlib import Path
 
 VARIABLES: dict[str, str] = {
     "SECLAKE_HOME": "the lake's home folder when --home is not given (default ./seclake-home)",
+    "SECLAKE_LAKE": "where tables/ and checkpoints/ live: the home folder (default) or s3a://bucket/prefix "
+                    "(docs/deploy.md); landing/ and reference/ stay in the home",
+    "SECLAKE_S3_ENDPOINT": "an S3-compatible server's URL, e.g. http://127.0.0.1:9000 (default: AWS S3 itself)",
+    "AWS_ACCESS_KEY_ID": "the object store's access key (S3A, delta-rs and pyarrow all use it)",
+    "AWS_SECRET_ACCESS_KEY": "the object store's secret key",
+    "AWS_REGION": "the bucket's region (default us-east-1)",
     "SECLAKE_RULES": "the rules folder (default: the repository's rules/)",
     "SECLAKE_SPARK_MASTER": "Spark master URL (default local[*]); e.g. spark://host:7077",
     "SECLAKE_SPARK_LOG_LEVEL": "Spark's log level (default ERROR: quiet unless asked)",
@@ -32,6 +38,31 @@ def _get(name: str) -> str | None:
 def home() -> str | None:
     """`$SECLAKE_HOME`, if set."""
     return _get("SECLAKE_HOME")
+
+
+def lake() -> str | None:
+    """`$SECLAKE_LAKE`, if set."""
+    return _get("SECLAKE_LAKE")
+
+
+def s3_endpoint() -> str | None:
+    """`$SECLAKE_S3_ENDPOINT`, if set."""
+    return _get("SECLAKE_S3_ENDPOINT")
+
+
+def aws_access_key_id() -> str | None:
+    """`$AWS_ACCESS_KEY_ID`, if set."""
+    return _get("AWS_ACCESS_KEY_ID")
+
+
+def aws_secret_access_key() -> str | None:
+    """`$AWS_SECRET_ACCESS_KEY`, if set."""
+    return _get("AWS_SECRET_ACCESS_KEY")
+
+
+def aws_region() -> str:
+    """`$AWS_REGION`, else us-east-1 (S3-compatible servers accept any)."""
+    return _get("AWS_REGION") or "us-east-1"
 
 
 def rules_dir() -> Path | None:

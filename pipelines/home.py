@@ -1,13 +1,19 @@
-"""One home folder for all state: landing files, Delta tables, checkpoints, reference data."""
+"""One home folder for all state: landing files, Delta tables, checkpoints, reference data.
+
+The tables and checkpoints may live on object storage instead (`SECLAKE_LAKE=s3a://bucket/prefix`,
+docs/deploy.md): the home then records that location in its `lake` file, and a command on the home
+without that same `SECLAKE_LAKE` is refused (it would otherwise see, or start, another lake).
+"""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import environment
+from pipelines.objectstore.path import ObjectPath, lake_root
 
 DEFAULT_HOME = "seclake-home"
+LAKE_FILE = "lake"
 
 
 @dataclass(frozen=True)
@@ -20,12 +26,31 @@ class Home:
     """
 
     root: Path
+    # Where tables/ and checkpoints/ are when not in `root`: an ObjectPath.
+    lake: ObjectPath | None = None
 
     @classmethod
     def resolve(cls, home: str | os.PathLike | None = None) -> "Home":
-        """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute."""
-        chosen = home or environment.home() or DEFAULT_HOME
-        return cls(Path(chosen).expanduser().resolve())
+        """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute. Its lake is
+        `$SECLAKE_LAKE`, else the home folder; a home that recorded another lake is a ValueError
+        naming both."""
+        from pipelines import environment
+
+        root = Path(home or environment.home() or DEFAULT_HOME).expanduser().resolve()
+        lake = lake_root()
+        try:
+            recorded = (root / LAKE_FILE).read_text().strip()
+        except FileNotFoundError:
+            return cls(root, lake)
+        if str(lake) != recorded:
+            raise ValueError(f"home {root} keeps its tables at {recorded} (its {LAKE_FILE} file); "
+                             f"set SECLAKE_LAKE={recorded}" + (f", not {lake}" if lake else ""))
+        return cls(root, lake)
+
+    @property
+    def lake_root(self) -> Path:
+        """The folder (or prefix) holding tables/ and checkpoints/."""
+        return self.lake or self.root
 
     @property
     def landing(self) -> Path:
@@ -33,11 +58,11 @@ class Home:
 
     @property
     def tables(self) -> Path:
-        return self.root / "tables"
+        return self.lake_root / "tables"
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.lake_root / "checkpoints"
 
     @property
     def reference(self) -> Path:
@@ -55,7 +80,9 @@ class Home:
         return self.root / "intel"
 
     def create(self) -> "Home":
-        """Create the standard sub-folders (idempotent) and return self."""
+        """Create the standard sub-folders (idempotent), record a lake on object storage, return self."""
         for d in (self.landing, self.tables, self.checkpoints, self.reference):
             d.mkdir(parents=True, exist_ok=True)
+        if self.lake is not None and not (self.root / LAKE_FILE).exists():
+            (self.root / LAKE_FILE).write_text(f"{self.lake}\n")
         return self

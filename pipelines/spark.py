@@ -14,6 +14,7 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from pipelines import environment
+from pipelines.objectstore import path as objectstore
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # .ci/setup fetches the Delta jars here from Maven Central (pinned in .ci/jars.pom.xml).
@@ -110,6 +111,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
                                                  f"-Dseclake.log.level={log_level}")
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
+    settings.update(objectstore.spark_conf())
     settings.update(conf or {})
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     _start_jvm(master, app_name, settings)

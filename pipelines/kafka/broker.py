@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
-import socket
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.home import Home
+from pipelines.servers import ServerError, free_port, last_line, launch, running_pid, terminate
 
 KAFKA_JARS = Path(__file__).resolve().parents[2] / ".jars" / "kafka"
 DEFAULT_PORT = 9092
@@ -38,7 +36,7 @@ rootLogger.appenderRef.file.ref = file
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(ServerError):
     """The broker could not be started or stopped; the message says why in one line."""
 
 
@@ -73,12 +71,7 @@ class Broker:
 
     def pid(self) -> int | None:
         """The running broker's process id, or None (no pid file, or its process is gone)."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-            os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid
+        return running_pid(self.pid_file)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Broker:
         """Start the broker (formatting its storage on first use) and wait until it accepts
@@ -89,9 +82,6 @@ class Broker:
         if not any(j.name.startswith("kafka_2.13-") for j in jars):
             raise BrokerError(f"the Kafka jars are missing from {KAFKA_JARS}; run `bash .ci/setup` once "
                               "(it fetches them from Maven Central)")
-        if _port_in_use(self.port):
-            raise BrokerError(f"port {self.port} on 127.0.0.1 is taken by another program; "
-                              "choose another (--port / kafka_port)")
         self.folder.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
         classpath = os.pathsep.join(str(j) for j in jars)
@@ -102,39 +92,18 @@ class Broker:
                                   capture_output=True, text=True)
             if done.returncode != 0:
                 raise BrokerError(f"formatting the Kafka storage in {self.folder / 'data'} failed: "
-                                  f"{_last_line(done.stderr or done.stdout)}")
-        with open(self.folder / "stdout.log", "ab") as out:
-            proc = subprocess.Popen([*java, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self.pid_file.write_text(f"{proc.pid}\n")
-        deadline = time.monotonic() + timeout_s
-        while not _port_in_use(self.port):
-            if proc.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
-                raise BrokerError(f"the Kafka broker exited with code {proc.returncode} while starting; "
-                                  f"last log line: {_last_line(_tail(self.log))}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BrokerError(f"the Kafka broker did not accept connections within {timeout_s:.0f} s; "
-                                  f"see {self.log}")
-            time.sleep(0.2)
+                                  f"{last_line(done.stderr or done.stdout)}")
+        try:
+            launch([*java, "kafka.Kafka", str(config)], name="Kafka broker", port=self.port, pid_file=self.pid_file,
+                   output=self.folder / "stdout.log", log=self.log, timeout_s=timeout_s)
+        except ServerError as exc:
+            raise BrokerError(str(exc)) from None
         return self
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         """Stop the broker (SIGTERM: a controlled shutdown, then SIGKILL after `timeout_s`);
         False when none was running."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return terminate(self.pid_file, timeout_s)
 
     def _write_config(self) -> Path:
         (self.folder / "log4j2.properties").write_text(LOG4J2.format(log=self.log))
@@ -142,7 +111,7 @@ class Broker:
         # The controller's port stays what the storage was formatted with.
         known = [line.split(":")[-1] for line in (config.read_text().splitlines() if config.is_file() else [])
                  if line.startswith("controller.quorum.voters=")]
-        controller = int(known[0]) if known else _free_port()
+        controller = int(known[0]) if known else free_port()
         config.write_text("\n".join([
             "process.roles=broker,controller",
             "node.id=1",
@@ -165,40 +134,3 @@ class Broker:
             "",
         ]))
         return config
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    # A child of this process that exited is a zombie until reaped: reap it, then it is gone.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"

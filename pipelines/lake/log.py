@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipelines.objectstore.path import as_path, on_object_store, storage_options
+
 
 @dataclass(frozen=True)
 class TableSummary:
@@ -36,9 +38,8 @@ def summary(path: str | os.PathLike) -> TableSummary:
     """
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    table = DeltaTable(str(path))
+    table = open_log(path)
     adds = pa.table(table.get_add_actions(flatten=True))
     records = adds.column("num_records") if "num_records" in adds.column_names else None
     if adds.num_rows == 0:
@@ -62,12 +63,19 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
     ...     [(c["version"], c["operation"], c["rows_added"], c["files_added"]) for c in commits(tmp)]
     [(0, 'WRITE', 3, 1)]
     """
-    from deltalake import DeltaTable
-
-    log = Path(path) / "_delta_log"
+    log = as_path(path) / "_delta_log"
     return [{"version": c["version"], "timestamp": _commit_time(c["timestamp"]), "operation": c.get("operation"),
              **_commit_actions(log / f"{c['version']:020d}.json")}
-            for c in DeltaTable(str(path)).history(limit)]
+            for c in open_log(path).history(limit)]
+
+
+def open_log(path: str | os.PathLike) -> Any:
+    """delta-rs's view of the table at `path`, local or on object storage (`s3a://`)."""
+    from deltalake import DeltaTable
+
+    if on_object_store(path):
+        return DeltaTable(str(path), storage_options=storage_options())
+    return DeltaTable(str(path))
 
 
 def _commit_time(millis: int) -> datetime:

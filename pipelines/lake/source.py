@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.lake.log import open_log
 from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
+from pipelines.objectstore.path import as_path
 
 
 class OldCheckpointError(RuntimeError):
@@ -59,7 +60,7 @@ def check_resumable(checkpoint: str | os.PathLike) -> None:
 
     >>> check_resumable("/tmp/no-such-checkpoint")
     """
-    offsets = Path(checkpoint) / "offsets"
+    offsets = as_path(checkpoint) / "offsets"
     logs = [p for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
     if not logs:
         return
@@ -85,9 +86,7 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
     >>> caught_up("/tmp/no-such-checkpoint", [])
     False
     """
-    from deltalake import DeltaTable
-
-    offsets, commits = Path(checkpoint) / "offsets", Path(checkpoint) / "commits"
+    offsets, commits = as_path(checkpoint) / "offsets", as_path(checkpoint) / "commits"
     done = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
     if not done or not (commits / str(max(done))).is_file():
         return False
@@ -106,7 +105,7 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
     if None in by_table or len(by_table) != len(tables):
         return False
     for path in tables:
-        table = DeltaTable(str(path))
+        table = open_log(path)
         position = by_table.get(table.metadata().id)
         if position is None or position.get("index") != -1 or position.get("reservoirVersion", -1) <= table.version():
             return False

@@ -10,7 +10,6 @@ their logs hold relative paths, and stream offsets name tables by id.
 from __future__ import annotations
 
 import json
-import os
 from urllib.parse import quote, unquote
 
 from pipelines.home import Home
@@ -58,7 +57,7 @@ def follow_move(home: Home) -> int:
             tmp.write_text("\n".join(lines))
             # The checksum Hadoop keeps beside the file would no longer match: without it, none is checked.
             log.with_name(f".{log.name}.crc").unlink(missing_ok=True)
-            os.replace(tmp, log)
+            tmp.replace(log)
             rewritten += changed
     return rewritten
 

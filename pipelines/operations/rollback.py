@@ -25,7 +25,6 @@ that removes rows. Without `--cascade` such readers are listed as warnings.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
+from pipelines.objectstore.path import remove_tree
 from pipelines.query import Stage
 from pipelines.rules.tables import ALERTS_TABLE
 
@@ -262,7 +262,7 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
         set_transactions(spark, path, step.txn)
     for ck in plan.checkpoints:
         if ck.rewind_to is None:
-            shutil.rmtree(ck.path, ignore_errors=True)
+            remove_tree(ck.path)
         else:
             rewind_checkpoint(ck.path, ck.rewind_to)
 

@@ -251,7 +251,7 @@ def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
             "app_id": f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"}
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, marker)
+    tmp.replace(marker)
     return info["app_id"]
 
 

@@ -1,0 +1,51 @@
+"""`seclake s3 start|stop|status`: the development S3-compatible server of a home (docs/deploy.md)."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+HomeArg = Callable[[argparse.ArgumentParser], None]
+
+
+def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
+    """Add `s3 start|stop|status` to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_commands(sub, lambda p: p.add_argument("--home"))
+    >>> args = parser.parse_args(["s3", "start", "--port", "19000"])
+    >>> args.s3_command, args.port
+    ('start', 19000)
+    """
+    from pipelines.objectstore.server import DEFAULT_PORT
+
+    s3 = sub.add_parser("s3", help="the development S3-compatible server (S3Proxy over HOME/s3/data, 127.0.0.1 only)")
+    verbs = s3.add_subparsers(dest="s3_command", required=True)
+    for verb, text in (("start", "start the server with a bucket `lake`; print the variables that point seclake at it"),
+                       ("stop", "stop the server"),
+                       ("status", "say whether the server runs; exit 1 when it does not")):
+        parser = verbs.add_parser(verb, help=text)
+        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                            help=f"the server's port on 127.0.0.1 (default {DEFAULT_PORT})")
+        home_arg(parser)
+        parser.set_defaults(func=cmd_s3)
+
+
+def cmd_s3(args: argparse.Namespace) -> int:
+    from pipelines.home import Home
+    from pipelines.objectstore.server import S3Server
+
+    server = S3Server(Home.resolve(args.home), args.port)
+    if args.s3_command == "stop":
+        print("s3 server stopped" if server.stop() else "s3 server was not running")
+        return 0
+    if args.s3_command == "start":
+        was = server.pid()
+        server.start()
+        print(f"s3 server {'already running' if was else 'started'}: {server.endpoint}, pid {server.pid()}, "
+              f"bucket lake; to keep the lake there:")
+        for name, value in {**server.environment(), "SECLAKE_LAKE": "s3a://lake/seclake"}.items():
+            print(f"  export {name}={value}")
+        return 0
+    pid = server.pid()
+    print(f"s3 server running: {server.endpoint}, pid {pid}" if pid else "s3 server not running")
+    return 0 if pid else 1

@@ -1,0 +1,115 @@
+"""Local servers the project starts for development and tests (the Kafka broker, S3Proxy, a Spark
+standalone cluster): each a process of its own with a pid file, waited for until its port accepts
+connections, stopped with SIGTERM then SIGKILL. One-line errors name what went wrong."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A server could not be started or stopped; the message says why in one line."""
+
+
+def port_in_use(port: int) -> bool:
+    """True when something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (now).
+
+    >>> port_in_use(free_port())
+    False
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def running_pid(pid_file: Path) -> int | None:
+    """The process id in `pid_file` if that process still runs, else None."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def launch(command: list[str], *, name: str, port: int, pid_file: Path, output: Path, log: Path,
+           timeout_s: float, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `command` in a session of its own (a terminal's Ctrl-C does not reach it), record its
+    pid and wait until it accepts connections on `port`; a ServerError with the last line of
+    `log` when it exits first, and stopped when it is not up within `timeout_s`."""
+    if port_in_use(port):
+        raise ServerError(f"port {port} on 127.0.0.1 is taken by another program; choose another (--port)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "ab") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout_s
+    while not port_in_use(port):
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise ServerError(f"the {name} exited with code {proc.returncode} while starting; "
+                              f"last log line: {last_line(tail(log))}")
+        if time.monotonic() > deadline:
+            terminate(pid_file)
+            raise ServerError(f"the {name} did not accept connections within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.2)
+    return proc
+
+
+def terminate(pid_file: Path, timeout_s: float = 60.0) -> bool:
+    """Stop the process of `pid_file` (SIGTERM, then SIGKILL after `timeout_s`); False when none ran."""
+    pid = running_pid(pid_file)
+    if pid is None:
+        pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def alive(pid: int) -> bool:
+    """True while process `pid` runs (a child that exited is reaped, then it is gone)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of `text`.
+
+    >>> last_line("a\\nb\\n\\n")
+    'b'
+    """
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
