@@ -48,8 +48,15 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
     committed. A stage whose checkpoint shows that it has read every commit of the tables it
     reads is not started at all (`QueryReport.skipped`): starting a query costs seconds, and
     hourly run-once mostly finds nothing new for most stages. `only` names the stages to run
-    (see `seclake run-once --only`).
+    (see `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would
+    write the same tables and checkpoints (on S3, two drivers committing one table lose commits).
     """
+    from pipelines.operations.running import running_stream
+
+    pid = running_stream(lake.home)
+    if pid is not None and pid != os.getpid():
+        raise RuntimeError(f"a seclake stream (pid {pid}) is running on {lake.home.root}: it already processes "
+                           "what lands; stop it before a run-once")
     lake.home.create()
     _follow_move(lake)
     reports = []

@@ -17,6 +17,60 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """The development S3 server (S3Proxy) on a free port, its buckets in a temporary folder;
+    `server.environment()` points a seclake process at it (tests/test_s3.py, test_cluster.py)."""
+    from pipelines.home import Home
+    from pipelines.objectstore.server import S3Server
+    from pipelines.servers import free_port
+
+    server = S3Server(Home(tmp_path_factory.mktemp("s3")), free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def on_server(s3_server, monkeypatch):
+    """`s3_server`, with this process's S3 clients (pyarrow, delta-rs) pointed at it."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture(scope="session")
+def small_input(tmp_path_factory):
+    """Three generated hours of 8 devices (~10k events, 12 files) and their manifest: the input of
+    the object-storage and cluster tests."""
+    from sample_data.generator import generate
+
+    out = tmp_path_factory.mktemp("small-input")
+    return out, generate(out, hours=3, hosts=8, seed=18, start="2026-11-20T00:00:00Z")
+
+
+@pytest.fixture(scope="session")
+def local_reference(spark, small_input, tmp_path_factory):
+    """`small_input` through the whole pipeline once, in this process, with a local lake: what a run
+    on object storage or on a cluster must equal."""
+    import shutil
+
+    from pipelines.home import Home
+    from pipelines.jobs import run_once
+    from pipelines.lake.registry import Lake
+    from pipelines.settings import Settings
+
+    gen, manifest = small_input
+    home = Home(tmp_path_factory.mktemp("local-reference")).create()
+    shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
+    for f in manifest["files"]:
+        target = home.landing / f["sensor"] / Path(f["path"]).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(gen / f["path"], target)
+    reports = run_once(spark, Lake(home), Settings())
+    assert all(r.error is None for r in reports), [r.line() for r in reports]
+    return home
+
+
 @pytest.fixture
 def real_logs() -> Path:
     if not REAL_LOGS.is_dir():

@@ -32,6 +32,7 @@ from pipelines import etl
 from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.registry import Lake
+from pipelines.objectstore.path import ObjectPath, storage_options
 from pipelines.settings import Settings
 from sample_data.generator import generate
 
@@ -71,6 +72,8 @@ def deliver(src: Path, landing: Path, sensor: str) -> Path:
 def commit_files(path: Path) -> int:
     """Commit files in a table's log (a cheap listing). delta-spark creates `_delta_log` before
     it writes the first commit, so the folder alone does not make a table."""
+    if isinstance(path, ObjectPath):
+        return sum(1 for _ in (path / "_delta_log").glob("*.json"))
     try:
         return sum(1 for f in os.scandir(path / "_delta_log")
                    if f.name.endswith(".json") and not f.name.startswith("."))
@@ -89,13 +92,18 @@ def tables_in(home: Home) -> list[str]:
     return sorted(p.name for p in home.tables.iterdir() if committed(p))
 
 
+def delta(path: Path) -> DeltaTable:
+    """delta-rs's view of a table, local or on the S3 server (tests/test_s3.py reuses these checks)."""
+    return DeltaTable(str(path), storage_options=storage_options() if isinstance(path, ObjectPath) else None)
+
+
 def version(path: Path) -> int | None:
-    return DeltaTable(str(path)).version() if committed(path) else None
+    return delta(path).version() if committed(path) else None
 
 
 def read_columns(path: Path, columns: list[str]) -> dict[str, list]:
     """Columns of the latest snapshot, read with delta-rs/pyarrow."""
-    table = DeltaTable(str(path))
+    table = delta(path)
     present = [c for c in columns if c in table.schema().to_arrow().names]
     return table.to_pyarrow_table(columns=present).to_pydict()
 
@@ -104,7 +112,7 @@ def row_keys(path: Path, name: str) -> collections.Counter:
     """The multiset of each row's identity: event_id for silver/enriched, (file name, line) for
     bronze and quarantine (the home folder differs between runs), alert_id for alerts,
     the whole row otherwise."""
-    schema_names = DeltaTable(str(path)).schema().to_arrow().names
+    schema_names = delta(path).schema().to_arrow().names
     if name.startswith(("bronze_", "quarantine")):
         cols = read_columns(path, ["file", "line_number"])
         return collections.Counter(zip((f.rsplit("/", 1)[-1] for f in cols["file"]), cols["line_number"]))
@@ -112,7 +120,7 @@ def row_keys(path: Path, name: str) -> collections.Counter:
         return collections.Counter(read_columns(path, ["alert_id"])["alert_id"])
     if "event_id" in schema_names:
         return collections.Counter(read_columns(path, ["event_id"])["event_id"])
-    table = DeltaTable(str(path)).to_pyarrow_table()
+    table = delta(path).to_pyarrow_table()
     return collections.Counter(json.dumps(r, sort_keys=True, default=str) for r in table.to_pylist())
 
 

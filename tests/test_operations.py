@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from datetime import date
 
 import pytest
@@ -81,6 +82,20 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
         plan_rollback(lake, "silver_nope", 0)
     with pytest.raises(ValueError, match="does not exist"):
         plan_rollback(lake, "silver_dns", 0)
+
+
+def test_run_once_refuses_while_a_stream_runs_on_the_home(spark, tmp_path):
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    stream = subprocess.Popen(["sleep", "120"])  # a live process standing in for seclake stream
+    try:
+        marker_path(lake.home).write_text(f"{stream.pid}\n")
+        with pytest.raises(RuntimeError, match=f"pid {stream.pid}.*stop it before a run-once"):
+            run_once(spark, lake, SETTINGS)
+        assert not lake.exists("silver_dns")
+    finally:
+        stream.kill()
+        stream.wait()
+    assert run_once(spark, lake, SETTINGS, only=["etl"])[0].error is None
 
 
 def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_path):

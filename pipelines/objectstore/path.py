@@ -146,8 +146,9 @@ class ObjectPath(PosixPath):
         return None
 
     def remove_tree(self) -> None:
-        """Delete every object under this prefix."""
-        client().delete_dir_contents(self.key, missing_dir_ok=True)
+        """Delete every object under this prefix, and the prefix."""
+        if self.exists():
+            client().delete_dir(self.key)
 
 
 def _glob_regex(pattern: str) -> str:

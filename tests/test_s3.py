@@ -1,0 +1,164 @@
+"""The lake on an S3-compatible server: S3Proxy from Maven Central, started by the tests on
+localhost (`s3_server` in conftest.py), reached through Hadoop's S3A by Spark and Delta, through
+pyarrow by seclake's own file operations, through delta-rs by the listings and these checks.
+
+Run with `bash .ci/test -m "s3 or cluster"` (CI does). The SIGKILL test is the fault suite's
+(tests/test_faults.py) with fewer kills: SECLAKE_S3_RESTARTS (default 6).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from pipelines import etl
+from pipelines.home import Home
+from pipelines.objectstore.path import ObjectPath, remove_tree
+from test_faults import (
+    REPO,
+    Deliverer,
+    _wait_for_line,
+    commit_files,
+    compare_with_reference,
+    duplicates,
+    landing_files,
+    row_keys,
+    seclake,
+    tables_in,
+)
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(1800)]
+
+RESTARTS = int(os.environ.get("SECLAKE_S3_RESTARTS", "6"))
+
+
+def lake_env(server, lake: ObjectPath, **extra: str) -> dict[str, str]:
+    """The environment of a seclake process whose lake is `lake` on `server`."""
+    return {**os.environ, **server.environment(), "SECLAKE_LAKE": str(lake), **extra}
+
+
+def test_object_paths_read_write_list_move_and_delete_on_the_server(on_server):
+    root = ObjectPath.from_uri(f"s3a://lake/paths-{uuid.uuid4().hex[:8]}")
+    assert not root.exists()
+    (root / "log" / "00.json").write_text("zero")
+    (root / "log" / "01.json").write_text("one")
+    (root / "log" / "deeper" / "02.json").write_text("two")
+    assert root.is_dir() and (root / "log" / "00.json").is_file() and not (root / "log").is_file()
+    assert sorted(p.name for p in (root / "log").glob("*.json")) == ["00.json", "01.json"]
+    assert sorted(p.name for p in root.glob("**/*.json")) == ["00.json", "01.json", "02.json"]
+    assert sorted(p.name for p in (root / "log").iterdir()) == ["00.json", "01.json", "deeper"]
+    moving = root / ".marker.tmp"
+    moving.write_text("claimed")
+    moving.replace(root / "marker")
+    assert (root / "marker").read_text() == "claimed" and not moving.exists()
+    with pytest.raises(FileNotFoundError):
+        (root / "missing").read_text()
+    (root / "marker").unlink()
+    (root / "marker").unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError):
+        (root / "marker").unlink()
+    # A location on the store never reaches the local file system by mistake.
+    with pytest.raises(TypeError, match="object storage"):
+        os.fspath(root)
+    remove_tree(root)
+    assert not root.exists()
+
+
+def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/first")
+    Home.resolve(tmp_path).create()
+    assert (tmp_path / "lake").read_text().strip() == "s3a://lake/first"
+    assert not (tmp_path / "tables").exists(), "a lake on the store must not leave local table folders"
+    monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/second")
+    with pytest.raises(ValueError, match="s3a://lake/first"):
+        Home.resolve(tmp_path)
+    monkeypatch.delenv("SECLAKE_LAKE")
+    with pytest.raises(ValueError, match="set SECLAKE_LAKE=s3a://lake/first"):
+        Home.resolve(tmp_path)
+
+
+def _start(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, small_input, local_reference,
+                                                                   tmp_path):
+    gen, manifest = small_input
+    rng = random.Random(18)
+    lake = ObjectPath.from_uri(f"s3a://lake/kills-{uuid.uuid4().hex[:8]}")
+    home = Home(tmp_path / "home", lake).create()
+    env = lake_env(on_server, lake)
+    shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
+    feed = Deliverer(landing_files(gen, manifest), home.landing, rng)
+    feed.deliver_next(2)
+    cmd = seclake("stream", "--home", str(home.root), "--set", "trigger_interval=1 second",
+                  "--set", "max_files_per_trigger=1", "--report-every", "5")
+    kills = []
+    for restart in range(RESTARTS):
+        # Kill points, in a cycle: while Spark starts and the queries resume from their
+        # checkpoints on the store; 2-15 s after the session is up (replay, batches, commits);
+        # 0-3 s after the first ETL commit of this run (so every cycle makes progress).
+        mode = ("after a commit", "from start", "after Spark up")[restart % 3]
+        log = tmp_path / f"stream-{restart}.log"
+        before = {t: commit_files(home.table(t)) for t in etl.etl_tables()}
+        proc = _start(cmd, log, env)
+        stop = threading.Event()
+        thread = feed.during(stop, [rng.uniform(0.5, 6) for _ in range(2)])
+        try:
+            if mode == "from start":
+                time.sleep(rng.uniform(5, 20))
+            else:
+                up = _wait_for_line(log, "seclake stream: home", proc, timeout=300)
+                assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
+                if mode == "after Spark up":
+                    time.sleep(rng.uniform(2, 15))
+                else:
+                    deadline = time.monotonic() + 240
+                    while (proc.poll() is None and time.monotonic() < deadline
+                           and all(commit_files(home.table(t)) <= n for t, n in before.items())):
+                        time.sleep(0.3)
+                    time.sleep(rng.uniform(0, 3))
+            assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            stop.set()
+            thread.join()
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for name in tables_in(home):
+            dups = duplicates(row_keys(home.table(name), name))
+            assert not dups, f"restart {restart} ({mode}): {name} has duplicated rows {dups[:3]}"
+        kills.append((mode, sum(commit_files(home.table(t)) - n for t, n in before.items())))
+    assert sum(n for _, n in kills) >= 1, f"no ETL commit during the kill phase: {kills}"
+    feed.deliver_next(len(feed.files))
+    drained = subprocess.run(seclake("run-once", "--home", str(home.root)), cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=1800)
+    assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
+    assert row_keys(local_reference.table("alerts"), "alerts"), "the reference raised no alert: a vacuous check"
+    compare_with_reference(home, local_reference, manifest, exact=(*etl.etl_tables(), "alerts"))
+    assert not (home.root / "tables").exists() and not (home.root / "checkpoints").exists()
+
+    # The JVM-free listing reads the tables on the store; a command without the lake is refused.
+    listed = subprocess.run(seclake("tables", "--home", str(home.root), "--format", "csv"), cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split(",")[0]: line.split(",") for line in listed.stdout.splitlines()[1:]}
+    header = listed.stdout.splitlines()[0].split(",")
+    expected = sum(row_keys(local_reference.table("alerts"), "alerts").values())
+    assert int(rows["alerts"][header.index("rows")]) == expected
+    without = {k: v for k, v in env.items() if k != "SECLAKE_LAKE"}
+    refused = subprocess.run(seclake("tables", "--home", str(home.root)), cwd=REPO, env=without,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert f"SECLAKE_LAKE={lake}" in refused.stderr
+    print("\nS3 kills (mode, ETL commits):", kills)
