@@ -38,10 +38,14 @@ class Home:
 
         root = Path(home or environment.home() or DEFAULT_HOME).expanduser().resolve()
         lake = lake_root()
-        try:
-            recorded = (root / LAKE_FILE).read_text().strip()
-        except FileNotFoundError:
+        if not (root / LAKE_FILE).is_file():
+            local = root / "tables"
+            if lake is not None and local.is_dir() and any(local.iterdir()):
+                raise ValueError(f"home {root} keeps its tables in {local}: SECLAKE_LAKE={lake} would start another, "
+                                 "empty lake; copy tables/ and checkpoints/ there first, then remove them here "
+                                 "(docs/deploy.md)")
             return cls(root, lake)
+        recorded = (root / LAKE_FILE).read_text().strip()
         if str(lake) != recorded:
             raise ValueError(f"home {root} keeps its tables at {recorded} (its {LAKE_FILE} file); "
                              f"set SECLAKE_LAKE={recorded}" + (f", not {lake}" if lake else ""))

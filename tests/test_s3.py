@@ -82,6 +82,11 @@ def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_pat
     monkeypatch.delenv("SECLAKE_LAKE")
     with pytest.raises(ValueError, match="set SECLAKE_LAKE=s3a://lake/first"):
         Home.resolve(tmp_path)
+    # A home whose tables are local does not silently start an empty lake on the store.
+    (tmp_path / "local" / "tables" / "silver_dns").mkdir(parents=True)
+    monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/other")
+    with pytest.raises(ValueError, match="would start another, empty lake"):
+        Home.resolve(tmp_path / "local")
 
 
 def _start(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
