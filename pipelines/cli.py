@@ -154,20 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_cluster_commands(sub: argparse._SubParsersAction) -> None:
     from pipelines.cluster import DEFAULT_PORT
+    from pipelines.servers import add_server_commands
 
-    cluster = sub.add_parser("cluster", help="a Spark standalone cluster on this machine (a master and workers)")
-    verbs = cluster.add_subparsers(dest="cluster_command", required=True)
-    for verb, text in (("start", "start the master and the workers; print SECLAKE_SPARK_MASTER for them"),
-                       ("stop", "stop the workers and the master"),
-                       ("status", "say how many workers are alive; exit 1 when the master does not run")):
-        parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                            help=f"the master's port (default {DEFAULT_PORT})")
+    verbs = add_server_commands(
+        sub, "cluster", "a Spark standalone cluster on this machine (a master and workers)",
+        {"start": "start the master and the workers; print SECLAKE_SPARK_MASTER for them",
+         "stop": "stop the workers and the master",
+         "status": "say how many workers are alive; exit 1 when the master does not run"},
+        DEFAULT_PORT, "the master's port", _home_arg, cmd_cluster)
+    for parser in verbs.values():
         parser.add_argument("--workers", type=int, default=2, help="workers (default 2)")
         parser.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
         parser.add_argument("--memory", default="3g", help="memory per worker (default 3g)")
-        _home_arg(parser)
-        parser.set_defaults(func=cmd_cluster)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -3,11 +3,13 @@ standalone cluster): each a process of its own with a pid file, waited for until
 connections, stopped with SIGTERM then SIGKILL. One-line errors name what went wrong."""
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -113,3 +115,28 @@ def last_line(text: str) -> str:
     """
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
+
+
+def add_server_commands(sub: argparse._SubParsersAction, name: str, help: str, verbs: dict[str, str],
+                        default_port: int, port_help: str, home_arg: Callable[[argparse.ArgumentParser], None],
+                        func: Callable[[argparse.Namespace], int]) -> dict[str, argparse.ArgumentParser]:
+    """`seclake NAME VERB [--port N] [--home DIR]` for each of `verbs` (start, stop, status), the
+    verb in `args.<NAME>_command`; the verbs' parsers, for options of their own.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> _ = add_server_commands(sub, "s3", "a server", {"start": "start it"}, 9000, "its port",
+    ...                         lambda p: p.add_argument("--home"), lambda args: 0)
+    >>> args = parser.parse_args(["s3", "start", "--port", "19000"])
+    >>> args.s3_command, args.port
+    ('start', 19000)
+    """
+    command = sub.add_parser(name, help=help)
+    verb_parsers = command.add_subparsers(dest=f"{name}_command", required=True)
+    made = {}
+    for verb, text in verbs.items():
+        parser = verb_parsers.add_parser(verb, help=text)
+        parser.add_argument("--port", type=int, default=default_port, help=f"{port_help} (default {default_port})")
+        home_arg(parser)
+        parser.set_defaults(func=func)
+        made[verb] = parser
+    return made

@@ -19,17 +19,14 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     ('start', 19092)
     """
     from pipelines.kafka.broker import DEFAULT_PORT
+    from pipelines.servers import add_server_commands
 
-    kafka = sub.add_parser("kafka", help="the development Kafka broker (one node, KRaft, 127.0.0.1 only)")
-    verbs = kafka.add_subparsers(dest="kafka_command", required=True)
-    for verb, text in (("start", "start the broker (its data under HOME/kafka); a running one is left as is"),
-                       ("stop", "stop the broker (a controlled shutdown)"),
-                       ("status", "say whether the broker runs; exit 1 when it does not")):
-        parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                            help=f"the broker's port on 127.0.0.1 (default {DEFAULT_PORT})")
-        home_arg(parser)
-        parser.set_defaults(func=cmd_kafka)
+    add_server_commands(
+        sub, "kafka", "the development Kafka broker (one node, KRaft, 127.0.0.1 only)",
+        {"start": "start the broker (its data under HOME/kafka); a running one is left as is",
+         "stop": "stop the broker (a controlled shutdown)",
+         "status": "say whether the broker runs; exit 1 when it does not"},
+        DEFAULT_PORT, "the broker's port on 127.0.0.1", home_arg, cmd_kafka)
 
 
 def add_ship_command(sub: argparse._SubParsersAction) -> None:

@@ -17,17 +17,14 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     ('start', 19000)
     """
     from pipelines.objectstore.server import DEFAULT_PORT
+    from pipelines.servers import add_server_commands
 
-    s3 = sub.add_parser("s3", help="the development S3-compatible server (S3Proxy over HOME/s3/data, 127.0.0.1 only)")
-    verbs = s3.add_subparsers(dest="s3_command", required=True)
-    for verb, text in (("start", "start the server with a bucket `lake`; print the variables that point seclake at it"),
-                       ("stop", "stop the server"),
-                       ("status", "say whether the server runs; exit 1 when it does not")):
-        parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                            help=f"the server's port on 127.0.0.1 (default {DEFAULT_PORT})")
-        home_arg(parser)
-        parser.set_defaults(func=cmd_s3)
+    add_server_commands(
+        sub, "s3", "the development S3-compatible server (S3Proxy over HOME/s3/data, 127.0.0.1 only)",
+        {"start": "start the server with a bucket `lake`; print the variables that point seclake at it",
+         "stop": "stop the server",
+         "status": "say whether the server runs; exit 1 when it does not"},
+        DEFAULT_PORT, "the server's port on 127.0.0.1", home_arg, cmd_s3)
 
 
 def cmd_s3(args: argparse.Namespace) -> int:
