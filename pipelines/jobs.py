@@ -51,12 +51,9 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
     (see `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would
     write the same tables and checkpoints (on S3, two drivers committing one table lose commits).
     """
-    from pipelines.operations.running import running_stream
+    from pipelines.operations.running import refuse_while_streaming
 
-    pid = running_stream(lake.home)
-    if pid is not None and pid != os.getpid():
-        raise RuntimeError(f"a seclake stream (pid {pid}) is running on {lake.home.root}: it already processes "
-                           "what lands; stop it before a run-once")
+    refuse_while_streaming(lake.home, "a run-once")
     lake.home.create()
     _follow_move(lake)
     reports = []
