@@ -8,12 +8,17 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.lake.sink import table_uri
 
+# Conditions Spark and Delta raise when a path holds no table (no folder, or no commit in its log).
+_NO_TABLE = ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE")
+
 
 def is_table(spark: SparkSession, path: str | os.PathLike) -> bool:
     """True when a Delta table (a `_delta_log` with a commit) is at `path`."""
-    from delta.tables import DeltaTable
-
-    return DeltaTable.isDeltaTable(spark, table_uri(path))
+    try:
+        read_table(spark, path)
+    except ValueError:
+        return False
+    return True
 
 
 def read_table(spark: SparkSession, path: str | os.PathLike, *, version: int | None = None,
@@ -34,17 +39,19 @@ def read_table(spark: SparkSession, path: str | os.PathLike, *, version: int | N
         raise ValueError("give either version= or timestamp=, not both")
     uri = table_uri(path)
     name = uri.rstrip("/").rsplit("/", 1)[-1]
-    if not is_table(spark, uri):
-        raise ValueError(f"no Delta table at {uri}")
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
     if timestamp is not None:
         reader = reader.option("timestampAsOf", _utc_text(timestamp))
+    # Loading, not DeltaTable.isDeltaTable, decides whether the table exists: the latter asks the
+    # JVM's cached log, which another thread's first commit can leave stale for a moment.
     try:
         return reader.load(uri)
     except PySparkException as exc:
         condition = exc.getCondition() or ""
+        if condition in _NO_TABLE:
+            raise ValueError(f"no Delta table at {uri}") from None
         if "VERSION" in condition or "TIMESTAMP" in condition:
             when = f"version {version}" if version is not None else f"version at or before {timestamp}"
             raise ValueError(f"{name} has no {when}: {str(exc).splitlines()[0]}") from None
