@@ -522,7 +522,11 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     It is the `start` of the dhcp_leases stage in `stages()`; a run passes a trigger such as
     `{"availableNow": True}` and waits on the returned RunningQuery's `query`.
     """
-    dhcp = read_stream(spark, lake.path("silver_dhcp"), max_files=settings.max_files_per_trigger)
+    # Whole commits per micro-batch (no read limit), as every query downstream of the ETL reads:
+    # each file of a silver commit spans the commit's whole event-time range, so a limit in files
+    # that split a commit would make the later files' rows look late (and a run-once's end-of-input
+    # mark, read whole in the first micro-batch, would come before the rest of the data).
+    dhcp = read_stream(spark, lake.path("silver_dhcp"))
     writer = AttributionWriter(spark, lake, LEASES)
     # The enriched queries stream from dhcp_leases and all four queries write late_events: create
     # both before any of them runs (no stream over a missing table, no two writers racing to
@@ -540,8 +544,8 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     """
     if table not in ENRICHED_INPUTS:
         raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
-    events = read_stream(spark, lake.path(ENRICHED_INPUTS[table]), max_files=settings.max_files_per_trigger)
-    # Leases are read by whole commits (no read limit): see `attribute` for why that matters.
+    # Events and leases by whole commits (no read limit): see `start_leases`, and `attribute`.
+    events = read_stream(spark, lake.path(ENRICHED_INPUTS[table]))
     leases = read_stream(spark, lake.path(LEASES))
     devices = load_devices(spark, lake.home.reference / INVENTORY_FILE)
     # Each side reads the marks as a source of its own, so neither side's plan shares column ids

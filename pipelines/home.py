@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.objectstore.path import ObjectPath, lake_root
+from pipelines.objectstore.path import ObjectPath, configured_lake
 
 DEFAULT_HOME = "seclake-home"
 LAKE_FILE = "lake"
@@ -37,7 +37,7 @@ class Home:
         from pipelines import environment
 
         root = Path(home or environment.home() or DEFAULT_HOME).expanduser().resolve()
-        lake = lake_root()
+        lake = configured_lake()
         if not (root / LAKE_FILE).is_file():
             local = root / "tables"
             if lake is not None and local.is_dir() and any(local.iterdir()):

@@ -17,7 +17,8 @@ class Settings:
     # Processing-time trigger of `seclake stream`: Zeek rotates hourly and Suricata flushes
     # every few seconds, so 10 s keeps alert latency low without spinning on empty batches.
     trigger_interval: str = "10 seconds"
-    # Bounds one micro-batch of landing files so a backlog is eaten in steps that fit in memory.
+    # Bounds one ETL micro-batch of landing files so a backlog is eaten in steps that fit in memory.
+    # The queries after the ETL read whole commits (a file limit would split them: docs/attribution.md).
     max_files_per_trigger: int = 50
     # How far an event may trail the newest event of its table and still be attributed: lines of
     # one sensor arrive in order, sensors and file rotations skew by minutes. Later ones are late

@@ -240,9 +240,9 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
 
 def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp_path):
     """The input committed jittered (each row up to 90 minutes behind rows committed before it,
-    within 2 h watermarks), four rows per commit, one file per micro-batch, a run after each
-    step as a stream would (no end-of-input mark), and every DHCP row committed after the events
-    it explains. Once the end of the input is marked, the emitted rows equal the single-run result."""
+    within 2 h watermarks), four conn rows per commit, a run after each commit as a stream would
+    (no end-of-input mark), and every DHCP row committed after the events it explains. Once the
+    end of the input is marked, the emitted rows equal the single-run result."""
     lake = Lake(Home.resolve(tmp_path).create())
     settings = SETTINGS.with_overrides({"max_files_per_trigger": 1, "event_watermark": "2 hours",
                                         "lease_watermark": "2 hours"})
@@ -250,16 +250,37 @@ def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp
     rng = random.Random(5)
     jittered = {t: sorted(rows[t], key=lambda r: r["event_time"] + dt.timedelta(minutes=rng.uniform(0, 90)))
                 for t in ("silver_dhcp", "silver_conn")}
-    steps = [{"silver_conn": jittered["silver_conn"], "silver_dhcp": []}, {"silver_dhcp": jittered["silver_dhcp"]}, {}]
+    # The queries read whole commits: a run after every few commits gives the many small
+    # micro-batches a stream would see.
+    steps = [("silver_conn", jittered["silver_conn"][i:i + 4]) for i in range(0, len(jittered["silver_conn"]), 4)]
+    steps += [("silver_dhcp", jittered["silver_dhcp"][i:i + 8]) for i in range(0, len(jittered["silver_dhcp"]), 8)]
+    commit(lake, "silver_dhcp", [])  # the table exists, empty, before its first rows
     batches = 0
-    for number, step in enumerate(steps, start=1):
-        for table, table_rows in step.items():
-            for i in range(0, max(len(table_rows), 1), 4):
-                commit(lake, table, table_rows[i:i + 4])
-        reports = run_stages(spark, lake, settings, ("enriched_conn",), flush=number == len(steps))
+    for number, (table, table_rows) in enumerate([*steps, ("silver_dhcp", [])], start=1):
+        if table_rows:
+            commit(lake, table, table_rows)
+        reports = run_stages(spark, lake, settings, ("enriched_conn",), flush=number == len(steps) + 1)
         assert all(r.late_rows == 0 for r in reports.values())
         batches += reports["enriched_conn"].batches
     assert batches >= len(jittered["silver_conn"]) // 4  # a micro-batch per conn commit at least
+    assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
+
+
+def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spark, tmp_path):
+    """A backlog of many small commits, then one run-once with `max_files_per_trigger=1`: the
+    attribution queries still read whole commits, so the end-of-input mark (read whole, in the
+    first micro-batch) does not come before the data and no event is late. With the file limit
+    applied to them, every micro-batch after the first was late."""
+    lake = Lake(Home.resolve(tmp_path).create())
+    settings = SETTINGS.with_overrides({"max_files_per_trigger": 1})
+    rows, expected = scenario()
+    for table in ("silver_dhcp", "silver_conn"):
+        ordered = sorted(rows[table], key=lambda r: r["event_time"])
+        for i in range(0, len(ordered), 4):
+            commit(lake, table, ordered[i:i + 4])
+    reports = run_stages(spark, lake, settings, ("enriched_conn",))
+    assert all(r.late_rows == 0 for r in reports.values())
+    assert not lake.exists("late_events") or lake.read(spark, "late_events").count() == 0
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
 
 

@@ -191,7 +191,7 @@ def remove_tree(location: Path) -> None:
         shutil.rmtree(location, ignore_errors=True)
 
 
-def lake_root() -> ObjectPath | None:
+def configured_lake() -> ObjectPath | None:
     """`$SECLAKE_LAKE` as an ObjectPath, or None when the lake is in the home folder."""
     uri = environment.lake()
     return ObjectPath.from_uri(uri) if uri else None
@@ -240,7 +240,7 @@ def spark_conf() -> dict[str, str]:
     so executors a cluster starts without this environment have them.
     """
     if not any(S3A_JARS.glob("hadoop-aws-*.jar")):
-        if lake_root() is not None:
+        if configured_lake() is not None:
             raise RuntimeError(f"SECLAKE_LAKE is on object storage but the S3A jars are missing from {S3A_JARS}; "
                                "run `bash .ci/setup` once (it fetches them from Maven Central)")
         return {}
