@@ -270,7 +270,7 @@ def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spa
     """A backlog of many small commits, then one run-once with `max_files_per_trigger=1`: the
     attribution queries still read whole commits, so the end-of-input mark (read whole, in the
     first micro-batch) does not come before the data and no event is late. With the file limit
-    applied to them, every micro-batch after the first was late."""
+    applied to them (the code before), this test failed on late rows."""
     lake = Lake(Home.resolve(tmp_path).create())
     settings = SETTINGS.with_overrides({"max_files_per_trigger": 1})
     rows, expected = scenario()

@@ -41,6 +41,13 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
 RESTARTS = int(os.environ.get("SECLAKE_FAULT_RESTARTS", "20"))
+# The SIGKILL tests' stream and drain (here and tests/test_s3.py). The ETL takes one file per source
+# per batch, so after a kill that left files waiting, Suricata's hourly EVE files run hours ahead
+# of Zeek's three files an hour, and Zeek's DHCP would come later than a 5-minute lease watermark:
+# dropped and counted as late (streaming semantics, not a loss), leases and alerts then differing
+# from the run-once reference. Watermarks of 3 hours (the inputs are 3 and 6 hours) keep every row
+# on time while pieces and alerts still commit during the kills.
+KILL_WATERMARKS = ("--set", "lease_watermark=3 hours", "--set", "event_watermark=3 hours")
 SEED = int(os.environ.get("SECLAKE_FAULT_SEED", "20261120"))
 PARQUET_MAGIC = b"PAR1"
 # Which (sensor, kind) counts of the manifest feed each silver table.
@@ -84,6 +91,13 @@ def commit_files(path: Path) -> int:
 def committed(path: Path) -> bool:
     """True once the table has its first commit."""
     return commit_files(path) > 0
+
+
+def assert_nothing_late(home: Home) -> None:
+    """No row came later than a watermark: otherwise a comparison with a clean run is void."""
+    late_table = home.table("late_events")
+    late = read_columns(late_table, ["query", "late_rows"]) if committed(late_table) else {}
+    assert not any(late.get("late_rows", [])), f"rows came later than the watermarks, the comparison is void: {late}"
 
 
 def tables_in(home: Home) -> list[str]:
@@ -358,15 +372,9 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     boot = run_once(spark, Lake(home), Settings(), only=[etl.QUERY_NAME])
     assert boot[0].error is None, boot[0].line()
     timings["bootstrap_s"] = round(time.monotonic() - test_started)
-    # One file per micro-batch: many batches, so many commit points to land a kill on. The ETL
-    # takes one file per source per batch, so after a kill that left files waiting, Suricata's
-    # hourly EVE files run hours ahead of Zeek's three files an hour, and Zeek's DHCP would come
-    # later than a 5-minute lease watermark: dropped and counted as late (streaming semantics, not
-    # a loss), leases and alerts then differing from the run-once reference. Watermarks of 3 hours
-    # (the input is 6) keep every row on time while pieces and alerts still commit during the kills.
-    watermarks = ["--set", "lease_watermark=3 hours", "--set", "event_watermark=3 hours"]
+    # One file per micro-batch: many batches, so many commit points to land a kill on.
     cmd = seclake("stream", "--home", str(home.root), "--set", "trigger_interval=1 second",
-                  "--set", "max_files_per_trigger=1", *watermarks, "--report-every", "5")
+                  "--set", "max_files_per_trigger=1", *KILL_WATERMARKS, "--report-every", "5")
     kills = []
     seen_orphans: dict[str, set] = collections.defaultdict(set)
     for restart in range(RESTARTS):
@@ -456,12 +464,10 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated,
     # The kills must have hit a pipeline that was making progress, not the same replay 20 times.
     progressed = sum(k["etl_commits"] for k in kills)
     assert progressed >= RESTARTS // 4, f"only {progressed} ETL commits during the kill phase: {kills}"
-    drained = subprocess.run(seclake("run-once", "--home", str(home.root), *watermarks), cwd=REPO,
+    drained = subprocess.run(seclake("run-once", "--home", str(home.root), *KILL_WATERMARKS), cwd=REPO,
                              capture_output=True, text=True, timeout=1800)
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
-    late_table = home.table("late_events")
-    late = read_columns(late_table, ["query", "late_rows"]) if committed(late_table) else {}
-    assert not any(late.get("late_rows", [])), f"rows came later than the watermarks, the comparison is void: {late}"
+    assert_nothing_late(home)
 
     timings["drain_s"] = round(time.monotonic() - test_started - timings["bootstrap_s"] - timings["kill_phase_s"])
     # The reference: the same files, one clean run in this process.

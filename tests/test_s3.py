@@ -22,15 +22,15 @@ from pipelines import etl
 from pipelines.home import Home
 from pipelines.objectstore.path import ObjectPath, remove_tree
 from test_faults import (
+    KILL_WATERMARKS,
     REPO,
     Deliverer,
     _wait_for_line,
+    assert_nothing_late,
     commit_files,
-    committed,
     compare_with_reference,
     duplicates,
     landing_files,
-    read_columns,
     row_keys,
     seclake,
     tables_in,
@@ -106,12 +106,8 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
     shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
     feed = Deliverer(landing_files(gen, manifest), home.landing, rng)
     feed.deliver_next(2)
-    # 3-hour watermarks, as in the fault suite: after a kill left files waiting, one file per source
-    # per batch lets Suricata run ahead of Zeek's DHCP, which a 5-minute lease watermark would drop
-    # as late (counted, streaming semantics) and the alerts would then differ from the reference.
-    watermarks = ["--set", "lease_watermark=3 hours", "--set", "event_watermark=3 hours"]
     cmd = seclake("stream", "--home", str(home.root), "--set", "trigger_interval=1 second",
-                  "--set", "max_files_per_trigger=1", *watermarks, "--report-every", "5")
+                  "--set", "max_files_per_trigger=1", *KILL_WATERMARKS, "--report-every", "5")
     kills = []
     for restart in range(RESTARTS):
         # Kill points, in a cycle: while Spark starts and the queries resume from their
@@ -152,12 +148,10 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
         kills.append((mode, sum(commit_files(home.table(t)) - n for t, n in before.items())))
     assert sum(n for _, n in kills) >= 1, f"no ETL commit during the kill phase: {kills}"
     feed.deliver_next(len(feed.files))
-    drained = subprocess.run(seclake("run-once", "--home", str(home.root), *watermarks), cwd=REPO, env=env,
+    drained = subprocess.run(seclake("run-once", "--home", str(home.root), *KILL_WATERMARKS), cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=1800)
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
-    late_table = home.table("late_events")
-    late = read_columns(late_table, ["query", "late_rows"]) if committed(late_table) else {}
-    assert not any(late.get("late_rows", [])), f"rows came later than the watermarks, the comparison is void: {late}"
+    assert_nothing_late(home)
     assert row_keys(local_reference.table("alerts"), "alerts"), "the reference raised no alert: a vacuous check"
     compare_with_reference(home, local_reference, manifest, exact=(*etl.etl_tables(), "alerts"))
     assert not (home.root / "tables").exists() and not (home.root / "checkpoints").exists()
