@@ -1,11 +1,10 @@
-"""`run_once_schedule` and `landing_sensor`: when `run_once_job` runs on its own.
+"""`run_once_schedule`, `landing_sensor` and `kafka_lag_sensor`: when `run_once_job` runs on its own.
 
 Both skip while another lake-writing run is queued or in progress (a safety that needs no
 dagster.yaml; the `seclake_lake` pool orders runs that are started anyway, see docs/dagster.md).
 """
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from dagster import (
@@ -26,6 +25,7 @@ from dagster import (
 from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
 from assets.resources import LakeResource
 from pipelines import environment
+from pipelines.etl import visible_files
 
 DEFAULT_CRON = "*/15 * * * *"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -43,26 +43,18 @@ def active_lake_run(instance: DagsterInstance) -> str | None:
 def landing_files(landing: Path) -> dict[str, str]:
     """Every complete file under `landing` as {relative path: "size:mtime_ns"}.
 
-    Names starting with `.` or `_` (sensors' temp files before the atomic rename, and what
-    Spark's file source skips too), and anything inside such folders, are ignored.
+    Temp files and folders are ignored as Spark's file source ignores them (`etl.visible_files`).
 
     >>> landing_files(Path("/nonexistent"))
     {}
     """
     found: dict[str, str] = {}
-    if not landing.is_dir():
-        return found
-    for dirpath, dirnames, filenames in os.walk(landing):
-        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
-        for name in filenames:
-            if name.startswith((".", "_")):
-                continue
-            path = Path(dirpath) / name
-            try:
-                st = path.stat()
-            except FileNotFoundError:  # renamed or removed while we looked
-                continue
-            found[path.relative_to(landing).as_posix()] = f"{st.st_size}:{st.st_mtime_ns}"
+    for path in visible_files(landing):
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # renamed or removed while we looked
+            continue
+        found[path.relative_to(landing).as_posix()] = f"{st.st_size}:{st.st_mtime_ns}"
     return found
 
 
@@ -99,6 +91,33 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
                          tags={"seclake/trigger": "landing_sensor", "seclake/new_files": str(len(fresh))})
     # The cursor is what exists now, so files removed from landing/ (retention) drop out of it.
     return SensorResult(run_requests=[request], cursor=json.dumps(current, sort_keys=True, separators=(",", ":")))
+
+
+@sensor(name="kafka_lag_sensor", job_name=RUN_ONCE_JOB, minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Shows the ETL's consumer lag on the sensors' Kafka topics ($SECLAKE_KAFKA) in each tick, "
+                    "and requests a run of run_once_job when messages wait")
+def kafka_lag_sensor(context: SensorEvaluationContext, lake: LakeResource):
+    from pipelines.kafka.lag import consumer_lag
+
+    bootstrap = environment.kafka()
+    if not bootstrap:
+        return SkipReason("SECLAKE_KAFKA is not set: the lake reads no Kafka topics")
+    try:
+        lag = consumer_lag(lake.lake.home, bootstrap)
+    except ValueError as exc:
+        return SkipReason(str(exc))
+    waiting = sum(lag.values())
+    summary = ", ".join(f"{name}={n:,}" for name, n in lag.items() if n) or "every topic read"
+    context.log.info(f"consumer lag {waiting:,}: {summary}")
+    if not waiting:
+        return SkipReason(f"consumer lag 0 ({len(lag)} partition(s) read to their end)")
+    busy = active_lake_run(context.instance)
+    if busy:
+        return SkipReason(f"consumer lag {waiting:,} ({summary}); waits for run {busy} to finish")
+    key = hashlib.sha256(json.dumps(lag, sort_keys=True).encode()).hexdigest()[:16]
+    return SensorResult(run_requests=[RunRequest(run_key=f"kafka-{key}", tags={
+        "seclake/trigger": "kafka_lag_sensor", "seclake/kafka_lag": str(waiting)})])
 
 
 def run_once_schedule_def(cron: str | None = None):

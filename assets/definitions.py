@@ -7,8 +7,8 @@ next reload without editing this package:
 - one asset per `rules/**/*.sql` file plus the `alerts` table asset (`assets/rules.py`);
 - Great Expectations checks on silver and enriched tables (`assets/checks.py`), and
   `rule_enabled` on every rule asset (`assets/rules.py`);
-- `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`
-  (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
+- `run_once_job`, `stream_job` (`assets/jobs.py`), `run_once_schedule`, `landing_sensor`,
+  `kafka_lag_sensor` (`assets/automation.py`); `table_state_sensor`, which records tables written outside Dagster
   (`assets/table_state.py`); `maintenance_job`, `retention_job` and their schedules
   (`assets/operations.py`); `intel_load_job` and `intel_sensor` (`assets/intel.py`); the `incidents`
   asset (`assets/triage.py`); resources chosen by `$SECLAKE_ENV` (`assets/resources.py`).
@@ -42,7 +42,8 @@ def build_definitions(rules_dir: Path | str | None = None, stage_list: Iterable[
         jobs=[jobs.run_once_job_def(), jobs.stream_job, operations.maintenance_job, operations.retention_job,
               intel.intel_load_job],
         schedules=[automation.run_once_schedule_def(), operations.maintenance_schedule, operations.retention_schedule],
-        sensors=[automation.landing_sensor, table_state.table_state_sensor, intel.intel_sensor],
+        sensors=[automation.landing_sensor, automation.kafka_lag_sensor, table_state.table_state_sensor,
+                 intel.intel_sensor],
         resources=dict(resources) if resources is not None else resources_for_environment(env),
         executor=in_process_executor,
     )

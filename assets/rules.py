@@ -32,11 +32,10 @@ from dagster import (
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, as_failure, run_metadata, shared_table_asset, table_key
 from pipelines.lake.registry import Lake
-from pipelines.query import Stage
 from pipelines.rules.pack import default_rules_dir
 from pipelines.rules.spec import query_name
 from pipelines.rules.tables import ALERTS_TABLE
-from pipelines.stages import StageError, run_stage
+from pipelines.stages import StageError, run_unless_idle
 
 RULES_GROUP = "rules"
 def rule_key(slug: str) -> AssetKey:
@@ -78,14 +77,13 @@ def _rule_metadata(rule) -> dict:
 
 def rule_asset(rule) -> AssetsDefinition:
     """The asset `rules/<slug>` of one valid rule: runs its query, which appends to `alerts`."""
-    from pipelines.rules.engine import MissingInputError, start_rule
+    from pipelines.rules.engine import MissingInputError, rule_stage
 
     known = set(Lake.names())
-    deps = [table_key(t) for t in rule.tables if t in known]
+    stage = rule_stage(rule)
+    # Its reads include end_of_input: a rule on a silver table must run after run-once's mark.
+    deps = [table_key(t) for t in stage.reads if t in known]
     op_name = rule.query_name
-
-    stage = Stage(rule.query_name, reads=tuple(rule.tables), writes=(ALERTS_TABLE,),
-                  start=lambda spark, lake, settings, trigger: start_rule(spark, lake, settings, trigger, rule))
 
     @multi_asset(
         name=op_name,
@@ -108,7 +106,7 @@ def rule_asset(rule) -> AssetsDefinition:
     def _rule(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
         try:
-            report = run_stage(spark.session, the_lake, lake.stream_settings, stage)
+            report = run_unless_idle(lambda: spark.session, the_lake, lake.stream_settings, stage)
         except StageError as err:
             if err.error_class == MissingInputError.__name__:
                 # Nothing upstream has written the rule's input yet (no such events so far).

@@ -25,7 +25,7 @@ from assets.resources import LakeResource, SparkResource
 from pipelines.lake.log import commits, summary
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport, Stage
-from pipelines.stages import StageError, own_tables, run_stage, shared_tables
+from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables
 
 # Every op that writes a table runs in this pool; give it limit 1 so that two runs never write
 # at once (docs/dagster.md: `dagster instance concurrency set seclake_lake 1`).
@@ -141,9 +141,11 @@ def as_failure(err: StageError, lake: Lake) -> Failure:
     return Failure(description=str(err), metadata=meta, allow_retries=True)
 
 
-def stage_asset(stage: Stage, writes: tuple[str, ...]) -> AssetsDefinition:
+def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None = None) -> AssetsDefinition:
     """The multi-asset of one stage: one spec per table in `writes` (the tables only it writes),
-    one query run per materialisation."""
+    one query run per materialisation, then one per stage that is part of it (`parts`: the ETL from
+    Kafka beside the ETL from files), whose rows count in the same materialisation."""
+    parts = parts or []
     deps = [table_key(t) for t in stage.reads]
     quarantine = "quarantine" if "quarantine" in writes else None
 
@@ -159,14 +161,23 @@ def stage_asset(stage: Stage, writes: tuple[str, ...]) -> AssetsDefinition:
     )
     def _stage(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        try:
-            report = run_stage(spark.session, the_lake, lake.stream_settings, stage)
-        except StageError as err:
-            raise as_failure(err, the_lake) from err
-        context.log.info(report.line())
+        reports = []
+        for run in (stage, *parts):
+            try:
+                reports.append(run_unless_idle(lambda: spark.session, the_lake, lake.stream_settings, run))
+            except StageError as err:
+                raise as_failure(err, the_lake) from err
+            context.log.info(reports[-1].line())
         for table in writes:
-            yield MaterializeResult(asset_key=table_key(table),
-                                    metadata=run_metadata(report, table, the_lake, quarantine))
+            meta = run_metadata(reports[0], table, the_lake, quarantine)
+            for part in reports[1:]:
+                meta["rows_out"] += part.rows_out.get(table, 0)
+                if quarantine is not None:
+                    meta["quarantine_rows"] += part.rows_out.get(quarantine, 0)
+                if part.versions.get(table) is not None:
+                    meta["version"] = part.versions[table]
+                meta[f"{part.name}_summary"] = part.line()
+            yield MaterializeResult(asset_key=table_key(table), metadata=meta)
 
     return _stage
 
@@ -212,7 +223,8 @@ def stage_assets(stages: list[Stage], own: dict[str, AssetsDefinition] | None = 
     `table_state_sensor` records their versions) unless `own` gives its asset (`incidents`).
     """
     shared = shared_tables(stages)
-    assets: list[AssetsDefinition | AssetSpec] = [stage_asset(s, own_tables(s, stages)) for s in stages]
+    assets: list[AssetsDefinition | AssetSpec] = [stage_asset(s, own_tables(s, stages), parts(s, stages))
+                                                  for s in stages if not s.part_of]
     for table, writers in shared.items():
         keys = [table_key(t) for w in writers for t in own_tables(w, stages)]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))

@@ -26,19 +26,24 @@ up) are left out; the rest is split, in event time, into three consecutive parts
      more or less parallel than measured.
    Then the stream is stopped and its JVM reaped.
 3. run-once (`--runonce-feed` s of feed), on the same home, with nothing else running:
+   - first, not counted, a run-once that takes in what the stream left undone (a stream that did
+     not keep up stops with work queued for its later stages);
    - `seclake run-once` with nothing new in landing, under `bench/cputime.py`:
-     `noinput_run_once_cpu_s` (JVM start, SparkSession, every stage started and stopped);
+     `noinput_run_once_cpu_s` (every stage found idle from files; no JVM is started);
+   - run-once's Spark session started and stopped alone, under `bench/cputime.py`: the start-up
+     a run-once with new input pays once;
    - the part's files all landed at once, then `seclake run-once` under `bench/cputime.py`.
-   For both, the process tree's CPU is also sampled when the `etl` stage reports, which
-   splits each run into "start-up + ETL" and "the later stages".
+   The fed run's process-tree CPU is also sampled when the `etl` stage reports, which splits it
+   into "start-up + ETL" and "the later stages".
 
 The run-once and the stream are never measured while the other runs. Per hour of feed:
 
     always-on CPU/hour = stream CPU per second of feed (above) x 3600
-    hourly    CPU/hour = no-input CPU + ETL extra x 3600 / runonce-feed s + later-stages extra
+    hourly    CPU/hour = Spark start + (fed run's CPU at its etl report - Spark start)
+                         x 3600 / runonce-feed s + fed run's later-stages CPU
 
-where "extra" is the fed run-once's CPU minus the no-input run-once's, for the ETL part and
-for the later stages. With `--runonce-feed 3600` (the default run) this is exactly the fed
+An hourly run-once always has new input (a trickled feed lands files every minute), so it
+always pays the Spark start, once. With `--runonce-feed 3600` (the default run) this is the fed
 run's CPU: nothing is extrapolated on that side. `--quick` feeds the run-once 180 s (about
 45 files: one ETL micro-batch of at most `max_files_per_trigger` = 50 files, where an hour's
 ~900 files make 18) and multiplies the ETL part by 20; the later stages are counted once, not
@@ -64,6 +69,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,6 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 HOUR_S = 3600.0
+# run-once's progress line for the etl stage ("run-once [1/16] etl: ...", on stderr): the ETL is done.
+ETL_REPORTED = re.compile(rb"run-once \[\d+/\d+\] etl: ")
 
 
 # ---- the trickled feed ------------------------------------------------------------------------
@@ -148,6 +156,17 @@ def deliver(files: list[dict], home: Path) -> int:
 
 # ---- measuring -------------------------------------------------------------------------------
 
+def spark_start_cpu(work: Path) -> float:
+    """CPU seconds to start run-once's Spark session (JVM, Delta, Python) and stop it: what a
+    run-once with new input pays once, however much input there is."""
+    out = work / "cpu-spark-start.json"
+    subprocess.run([common.PYTHON, str(common.REPO / "bench" / "cputime.py"), "--out", str(out), "--",
+                    common.PYTHON, "-c", "from pipelines.spark import get_spark; "
+                    "get_spark(app_name='seclake-run-once').stop()"], cwd=common.REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return float(json.loads(out.read_text())["cpu"])
+
+
 def run_once_measured(home: Path, work: Path, label: str) -> dict:
     """`seclake run-once` under cputime.py; also the tree's CPU when the etl stage reports ("cpu_etl")."""
     out = work / f"cpu-{label}.json"
@@ -155,9 +174,9 @@ def run_once_measured(home: Path, work: Path, label: str) -> dict:
            common.PYTHON, "-m", "pipelines.cli", "run-once", "--home", str(home)]
     cpu_etl = None
     with open(work / f"run-once-{label}.log", "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=log)
+        proc = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for line in proc.stdout:
-            if cpu_etl is None and line.startswith(b"etl:"):
+            if cpu_etl is None and ETL_REPORTED.match(line):
                 cpu_etl = common.tree_cpu(proc.pid)
             log.write(line)
         rc = proc.wait()
@@ -356,9 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     stream_total = json.loads((work / "cpu-stream.json").read_text()) if (work / "cpu-stream.json").exists() else {}
 
     # -- run-once, alone --------------------------------------------------------------------------
+    # The stream may have stopped with work left for its later stages (it need not have caught up):
+    # one run-once takes that in first, so the no-input run-once has truly nothing to do.
+    settle = run_once_measured(home, work, "settle")
+    print(f"run-once taking in what the stream left: {settle['cpu']:.1f} CPU s, {settle['wall']:.0f} s wall (not "
+          "counted)", flush=True)
     print("run-once with nothing new in landing", flush=True)
     noinput = run_once_measured(home, work, "noinput")
     print(f"  {noinput['cpu']:.1f} CPU s, {noinput['wall']:.0f} s wall", flush=True)
+    start_cpu = spark_start_cpu(work)
+    print(f"starting run-once's Spark session alone: {start_cpu:.1f} CPU s", flush=True)
     landed += deliver(parts["runonce"], home)
     print(f"run-once over {len(parts['runonce'])} files ({args.runonce_feed:g} s of feed)", flush=True)
     run = run_once_measured(home, work, "feed")
@@ -367,15 +393,17 @@ def main(argv: list[str] | None = None) -> int:
 
     stream_per_hour = per_s * HOUR_S
     scale = HOUR_S / args.runonce_feed
-    if run["cpu_etl"] is not None and noinput["cpu_etl"] is not None:
-        etl_extra = run["cpu_etl"] - noinput["cpu_etl"]
-        later_extra = (run["cpu"] - run["cpu_etl"]) - (noinput["cpu"] - noinput["cpu_etl"])
-        hourly_how = (f"{noinput['cpu']:.1f} no-input + {etl_extra:.1f} ETL x {scale:.1f} "
+    # A run-once with new input starts Spark once (a no-input one starts none): the start is
+    # counted once, the ETL's work scaled to the hour, the later stages counted once.
+    if run["cpu_etl"] is not None:
+        etl_extra = max(run["cpu_etl"] - start_cpu, 0.0)
+        later_extra = run["cpu"] - run["cpu_etl"]
+        hourly_how = (f"{start_cpu:.1f} Spark start + {etl_extra:.1f} ETL x {scale:.1f} "
                       f"+ {later_extra:.1f} later stages")
-    else:  # no "etl:" report line seen: scale everything above the no-input cost
-        etl_extra, later_extra = run["cpu"] - noinput["cpu"], 0.0
-        hourly_how = f"{noinput['cpu']:.1f} no-input + {etl_extra:.1f} x {scale:.1f} (no etl report line: all scaled)"
-    hourly_per_hour = noinput["cpu"] + etl_extra * scale + later_extra
+    else:  # no "etl:" report line seen: scale everything above the start
+        etl_extra, later_extra = max(run["cpu"] - start_cpu, 0.0), 0.0
+        hourly_how = f"{start_cpu:.1f} Spark start + {etl_extra:.1f} x {scale:.1f} (no etl report line: all scaled)"
+    hourly_per_hour = start_cpu + etl_extra * scale + later_extra
     ratio = hourly_per_hour / stream_per_hour if stream_per_hour > 0 else float("nan")
     print()
     common.print_table(
@@ -394,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: {missing} landed lines are not in bronze at the end")
     path = common.save_results("run_once_cost", {
         **results, "lines_per_hour": {"window": window_lines_per_hour, "runonce": lines_per_hour},
-        "noinput": noinput, "run": run,
+        "settle": settle, "noinput": noinput, "spark_start_cpu": start_cpu, "run": run,
         "hourly_parts": {"etl_extra": etl_extra, "later_extra": later_extra, "etl_scale": scale},
         "stream": {"cpu_window": cpu_window, "busy_s": w_end - w_start, "busy_cpu_per_s": busy_rate,
                    "idle_cpu_per_s": idle_rate, "drain_s": drain, "cpu": stream_cpu, "kept_up": kept_up,

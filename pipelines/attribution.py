@@ -32,7 +32,8 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, St
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
-from pipelines.end_of_input import END_OF_INPUT, mark, newest_event, read_marks, with_marks
+from pipelines import end_of_input
+from pipelines.end_of_input import END_OF_INPUT, mark_input, read_marks, with_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
 from pipelines.query import AVAILABLE_NOW, BatchStats, DoneWriter, RunningQuery, Stage, StoppedQuery, start_query
@@ -566,8 +567,7 @@ def start_end_of_input(spark: SparkSession, lake: Lake, settings: Settings, trig
     any other trigger (`seclake stream`) nothing: there the watermarks move with the data."""
     writer = DoneWriter()
     if trigger == AVAILABLE_NOW:
-        newest = newest_event(spark, lake, list(SILVER_SCHEMAS))
-        written = mark(spark, lake, newest, partial(leased_ips, spark, lake))
+        written = mark_input(spark, lake, tuple(SILVER_SCHEMAS), partial(leased_ips, spark, lake))
         stats = BatchStats(0)
         if written:
             stats.rows[END_OF_INPUT] = written
@@ -583,7 +583,8 @@ def stages() -> list[Stage]:
     [('dhcp_leases', ('silver_dhcp', 'end_of_input')),
      ('enriched_conn', ('silver_conn', 'dhcp_leases', 'end_of_input'))]
     """
-    return [Stage(END_OF_INPUT, reads=tuple(SILVER_SCHEMAS), writes=(END_OF_INPUT,), start=start_end_of_input),
+    return [Stage(END_OF_INPUT, reads=tuple(SILVER_SCHEMAS), writes=(END_OF_INPUT,), start=start_end_of_input,
+                  idle=partial(end_of_input.idle, tables=tuple(SILVER_SCHEMAS))),
             Stage(LEASES, reads=("silver_dhcp", END_OF_INPUT), writes=(LEASES, LATE_EVENTS), start=start_leases),
             *(Stage(table, reads=(events, LEASES, END_OF_INPUT), writes=(table, LATE_EVENTS),
                     start=partial(start_enriched, table=table))

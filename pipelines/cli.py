@@ -4,8 +4,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from pipelines.home import Home
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def _home_arg(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +47,14 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(f"seclake run-once: home {lake.home.root}", file=sys.stderr)
     with Progress("run-once", steps=[s.name for s in stages() if not args.only or s.name in args.only]) as progress:
-        progress.working_on("starting Spark")
-        spark = get_spark(app_name="seclake-run-once")
-        progress.working_on()
-        reports = run_once(spark, lake, settings, only=args.only or None, on_report=lambda r: progress.step(r.line()))
+        def start_spark() -> SparkSession:
+            progress.working_on("starting Spark")
+            spark = get_spark(app_name="seclake-run-once")
+            progress.working_on()
+            return spark
+
+        reports = run_once(start_spark, lake, settings, only=args.only or None,
+                           on_report=lambda r: progress.step(r.line()))
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     return 1 if any(r.error for r in reports) else 0
 
@@ -136,10 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_intel_commands(sub, _home_arg)
 
     from pipelines.kafka.cli import add_commands as add_kafka_commands
-    from pipelines.kafka.cli import add_ship_command
+    from pipelines.kafka.cli import add_realtime_command, add_ship_command
 
     add_kafka_commands(sub, _home_arg)
     add_ship_command(sub)
+    add_realtime_command(sub, _home_arg)
 
     from pipelines.objectstore.cli import add_commands as add_s3_commands
 

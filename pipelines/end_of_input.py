@@ -19,19 +19,23 @@ silver).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, DataType, DateType, NumericType, StringType, TimestampType
 
+from pipelines.lake.log import open_log
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import read_stream
 
 END_OF_INPUT = "end_of_input"
 # Set on the mark rows `with_marks` adds to a stream (NULL on the stream's own rows).
 MARK_COLUMN = "_end_of_input"
+# In the stage's checkpoint folder: the table versions the last mark was decided on (`idle`).
+MARKED_VERSIONS = "marked_versions.json"
 
 
 def read_marks(spark: SparkSession, lake: Lake) -> DataFrame:
@@ -69,6 +73,48 @@ def with_marks(frame: DataFrame, marks: DataFrame, time_column: str, delay: str)
 
 def _castable(kind: DataType) -> bool:
     return isinstance(kind, (StringType, TimestampType, DateType, NumericType, BooleanType))
+
+
+def table_versions(lake: Lake, tables: Sequence[str]) -> dict[str, list]:
+    """Each of `tables` that exists -> [its Delta table id, its newest version], from its log (no JVM)."""
+    found = {}
+    for name in tables:
+        if lake.exists(name):
+            log = open_log(lake.path(name))
+            found[name] = [log.metadata().id, log.version()]
+    return found
+
+
+def mark_input(spark: SparkSession, lake: Lake, tables: Sequence[str], ips: Callable[[], list[str]]) -> int:
+    """`mark` the end of the input at the newest event in `tables`; return the rows written.
+
+    The versions of `tables` and of the marks it decided on are kept in the stage's checkpoint
+    folder, so that `idle` can later tell, without Spark, that the mark would be the same.
+    """
+    seen = table_versions(lake, tables)
+    written = mark(spark, lake, newest_event(spark, lake, list(tables)), ips)
+    seen.update(table_versions(lake, [END_OF_INPUT]))
+    folder = lake.home.checkpoint(END_OF_INPUT)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKED_VERSIONS).write_text(json.dumps(seen, sort_keys=True))
+    return written
+
+
+def idle(lake: Lake, tables: Sequence[str]) -> bool:
+    """True when neither `tables` nor the marks changed since `mark_input` last decided: a mark
+    now would add nothing. A rollback or a new table changes a version and makes it False.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     idle(Lake(Home.resolve(tmp)), ["silver_dns"])  # never marked
+    False
+    """
+    try:
+        recorded = json.loads((lake.home.checkpoint(END_OF_INPUT) / MARKED_VERSIONS).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return bool(recorded == table_versions(lake, [*tables, END_OF_INPUT]))
 
 
 def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:

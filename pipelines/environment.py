@@ -19,6 +19,8 @@ VARIABLES: dict[str, str] = {
     "AWS_ACCESS_KEY_ID": "the object store's access key (S3A, delta-rs and pyarrow all use it)",
     "AWS_SECRET_ACCESS_KEY": "the object store's secret key",
     "AWS_REGION": "the bucket's region (default us-east-1)",
+    "SECLAKE_KAFKA": "Kafka bootstrap servers to ingest sensor topics from, e.g. 127.0.0.1:9092 (default: none, "
+                     "landing files only; docs/kafka.md)",
     "SECLAKE_RULES": "the rules folder (default: the repository's rules/)",
     "SECLAKE_SPARK_MASTER": "Spark master URL (default local[*]); e.g. spark://host:7077",
     "SECLAKE_SPARK_LOG_LEVEL": "Spark's log level (default ERROR: quiet unless asked)",
@@ -63,6 +65,11 @@ def aws_secret_access_key() -> str | None:
 def aws_region() -> str:
     """`$AWS_REGION`, else us-east-1 (S3-compatible servers accept any)."""
     return _get("AWS_REGION") or "us-east-1"
+
+
+def kafka() -> str | None:
+    """`$SECLAKE_KAFKA`, if set: the ETL then also reads the sensors' Kafka topics (stage `etl_kafka`)."""
+    return _get("SECLAKE_KAFKA")
 
 
 def rules_dir() -> Path | None:

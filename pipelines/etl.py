@@ -1,18 +1,30 @@
-"""Streaming ETL: landing files -> bronze_<source>, quarantine and silver_<kind> Delta tables.
+"""Streaming ETL: landing files and Kafka topics -> bronze_<source>, quarantine and silver_<kind> Delta tables.
 
 One query (`etl`, checkpoint `checkpoints/etl`) reads `landing/<source>/` of every registered
 source (`pipelines/parsers/sources.py`) with Spark's file source and, per micro-batch, commits every
 table it writes with the same txn(app_id="etl", batch_id): good rows, quarantined rows and raw
 lines of one batch land together or, after a crash, are replayed together.
+
+When `$SECLAKE_KAFKA` is set, a second query (`etl_kafka`, its own checkpoint and app id) reads
+the sensors' topics (`<source>.<kind>`, as `seclake ship` writes them) into the same tables with
+the same parser and writer: Kafka offsets in its checkpoint, its commits idempotent per batch.
 """
 from __future__ import annotations
 
+import logging
+import os
+import re
+from collections.abc import Iterator
 from datetime import datetime
 from functools import reduce
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from pipelines import environment
+from pipelines.checkpoint import newest, source_files
 from pipelines.lake.registry import Lake
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
@@ -21,6 +33,9 @@ from pipelines.schemas import SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 QUERY_NAME = "etl"
+KAFKA_QUERY_NAME = "etl_kafka"
+# The message header that carries a Zeek TSV line's header block (pipelines/kafka/ship.py).
+ZEEK_HEADER = "seclake.zeek_header"
 
 
 def etl_tables() -> tuple[str, ...]:
@@ -56,6 +71,107 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
     return reduce(DataFrame.unionByName, streams)
 
 
+def visible_files(folder: Path) -> Iterator[Path]:
+    """The files under `folder` that Spark's file source lists: recursively, without names starting
+    with `.` or `_` (sensors' temp files before their atomic rename) and without folders so named.
+
+    >>> list(visible_files(Path("/nonexistent")))
+    []
+    """
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+        yield from (Path(dirpath) / name for name in filenames if not name.startswith((".", "_")))
+
+
+def landing_paths(lake: Lake) -> set[str]:
+    """Every file in the landing folders that the ETL's file sources list (`visible_files`)."""
+    return {str(path) for source in sources() for path in visible_files(lake.home.landing / source.name)}
+
+
+def processed_files(lake: Lake) -> set[str]:
+    """The landing files (local paths) of every batch the ETL from landing has committed, from its
+    checkpoint's file log (no JVM). A file of a batch planned but not committed is not among them."""
+    checkpoint = lake.home.checkpoint(QUERY_NAME)
+    committed = newest(checkpoint, committed=True)
+    if committed is None:
+        return set()
+    return {unquote(urlparse(uri).path) for uri, batch in source_files(checkpoint).items()
+            if uri.startswith("file:") and batch <= committed}
+
+
+def idle(lake: Lake) -> bool:
+    """True when the ETL from landing would find nothing new: its last batch is committed and it
+    has processed every landing file. Read from files (no JVM): an hourly run-once that finds
+    nothing new then starts no Spark.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     idle(Lake(Home.resolve(tmp)))  # never run: not idle
+    False
+    """
+    checkpoint = lake.home.checkpoint(QUERY_NAME)
+    last = newest(checkpoint)
+    if last is None or newest(checkpoint, committed=True) != last:
+        return False
+    return landing_paths(lake) <= processed_files(lake)
+
+
+def kafka_topics(source: str) -> str:
+    """The topics the ETL reads for `source`: `<source>.<anything>` (a regex for `subscribePattern`).
+
+    >>> kafka_topics("zeek")
+    'zeek[.].+'
+    """
+    return re.escape(source) + "[.].+"
+
+
+def kafka_files(spark: SparkSession, bootstrap: str, source: str, *, topics: str | None = None,
+                starting: str = "earliest", limit: int | None = None) -> DataFrame:
+    """A stream of `source`'s Kafka messages shaped like landing files (`landing_files`): one row per
+    message, `file` = `kafka://<topic>/<partition>@<offset>`, `text` = the Zeek header block carried
+    in the message's headers (if any), then the line. `topics` (default `kafka_topics(source)`) is a
+    regex of topic names, `limit` caps the messages of a micro-batch.
+
+    So the file parser runs unchanged: it finds the line's header above it, and a Zeek JSON line
+    without `_path` takes its kind from the topic (`zeek.dns`). `kafka_lines` then turns
+    `@<offset>` into the line number.
+    """
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribePattern", topics or kafka_topics(source))
+              .option("startingOffsets", starting)
+              .option("includeHeaders", True))
+    if limit is not None:
+        reader = reader.option("maxOffsetsPerTrigger", limit)
+    header = F.expr(f"decode(get(filter(headers, h -> h.key = '{ZEEK_HEADER}'), 0).value, 'UTF-8')")
+    line = F.col("value").cast("string")
+    return reader.load().select(
+        F.lit(source).alias("source"),
+        F.format_string("kafka://%s/%d@%d", "topic", "partition", "offset").alias("file"),
+        F.concat(F.when(header.isNotNull(), F.concat(header, F.lit("\n"))).otherwise(F.lit("")),
+                 line, F.lit("\n")).alias("text"))
+
+
+def kafka_lines(parsed: DataFrame) -> DataFrame:
+    """Parsed Kafka messages (`parse` of `kafka_files`): `file` -> `kafka://<topic>/<partition>`,
+    `line_number` -> the message's offset, so bronze names each line's message exactly."""
+    return parsed.withColumns({
+        "line_number": F.regexp_extract("file", "@([0-9]+)$", 1).cast("long"),
+        "file": F.regexp_replace("file", "@[0-9]+$", ""),
+    })
+
+
+def parse_kafka(spark: SparkSession, bootstrap: str, settings: Settings) -> DataFrame:
+    """Every source's topics -> one parsed row per message (PARSED_COLUMNS), one Kafka reader per
+    source so that each message is read and parsed once."""
+    frames = []
+    for source in (s.name for s in sources()):
+        files = kafka_files(spark, bootstrap, source, limit=settings.max_offsets_per_trigger)
+        frames.append(kafka_lines(parse(split_lines(files, source), source)))
+    return reduce(DataFrame.unionByName, frames)
+
+
 def parse_files(files: DataFrame) -> DataFrame:
     """Whole landing files (`landing_files`) -> one parsed row per data line (PARSED_COLUMNS).
 
@@ -70,10 +186,10 @@ class EtlWriter:
     """The `foreachBatch` function of the ETL query (`start`): one parsed micro-batch -> every ETL table,
     all committed with txn(app_id="etl", batch_id)."""
 
-    def __init__(self, lake: Lake) -> None:
+    def __init__(self, lake: Lake, app_id: str = QUERY_NAME) -> None:
         self.lake = lake
         self.sources = sources()
-        self.sinks = {name: lake.sink(name, app_id=QUERY_NAME) for name in etl_tables()}
+        self.sinks = {name: lake.sink(name, app_id=app_id) for name in etl_tables()}
         self.history: list[BatchStats] = []
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
@@ -144,6 +260,46 @@ def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) ->
     return RunningQuery(QUERY_NAME, query, writer, etl_tables())
 
 
-def stage() -> Stage:
-    """The ETL as a pipeline stage: reads landing folders (no table), writes `etl_tables()`."""
-    return Stage(QUERY_NAME, reads=(), writes=etl_tables(), start=start)
+def start_kafka(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
+    """Start the ETL from Kafka (`$SECLAKE_KAFKA`) with `trigger`; ValueError when no broker answers there."""
+    bootstrap = environment.kafka()
+    if bootstrap is None:
+        raise ValueError("SECLAKE_KAFKA is not set: the ETL from Kafka needs the brokers' host:port")
+    check_reachable(bootstrap)
+    writer = EtlWriter(lake, app_id=KAFKA_QUERY_NAME)
+    query = start_query(parse_kafka(spark, bootstrap, settings), KAFKA_QUERY_NAME, writer,
+                        lake.home.checkpoint(KAFKA_QUERY_NAME), trigger)
+    return RunningQuery(KAFKA_QUERY_NAME, query, writer, etl_tables())
+
+
+def check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
+    """ValueError in one line when no Kafka broker answers at `bootstrap` within `timeout_s`.
+
+    Spark's Kafka source would otherwise retry quietly for minutes before failing.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        config: dict = {"bootstrap.servers": bootstrap, "logger": _quiet_logger()}
+        AdminClient(config).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise ValueError(f"no Kafka broker answers at {bootstrap} (SECLAKE_KAFKA): {exc.args[0].str()}") from None
+
+
+def _quiet_logger() -> logging.Logger:
+    """A logger for librdkafka that drops its retry chatter: `check_reachable` says what failed."""
+    logger = logging.getLogger("seclake.kafka.client")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+    return logger
+
+
+def stages() -> list[Stage]:
+    """The ETL as pipeline stages: `etl` reads landing folders, `etl_kafka` (when `$SECLAKE_KAFKA` is
+    set) the sensors' topics; neither reads a table, both write `etl_tables()`."""
+    found = [Stage(QUERY_NAME, reads=(), writes=etl_tables(), start=start, idle=idle)]
+    if environment.kafka():
+        found.append(Stage(KAFKA_QUERY_NAME, reads=(), writes=etl_tables(), start=start_kafka,
+                           part_of=QUERY_NAME))
+    return found

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -20,7 +21,6 @@ from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
-from pipelines.lake.source import caught_up
 from pipelines.query import (
     QueryReport,
     RunningQuery,
@@ -30,7 +30,7 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.settings import Settings
-from pipelines.stages import StageError, run_stage, stages, table_stages
+from pipelines.stages import StageError, run_unless_idle, stages, table_stages
 
 log = logging.getLogger("seclake")
 
@@ -40,35 +40,32 @@ RESTART_MAX_SECONDS = 300.0
 RULE_SYNC_SECONDS = 5.0
 
 
-def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), only: list[str] | None = None,
-             on_report: Callable[[QueryReport], None] | None = None) -> list[QueryReport]:
+def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, settings: Settings = Settings(),
+             only: list[str] | None = None, on_report: Callable[[QueryReport], None] | None = None
+             ) -> list[QueryReport]:
     """Process everything available now through each stage in order, then stop.
 
     A stage that fails is reported (its report's `error`) and the later stages still run on what
-    committed. A stage whose checkpoint shows that it has read every commit of the tables it
-    reads is not started at all (`QueryReport.skipped`): starting a query costs seconds, and
-    hourly run-once mostly finds nothing new for most stages. `only` names the stages to run
-    (see `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would
-    write the same tables and checkpoints (on S3, two drivers committing one table lose commits).
+    committed. A stage that would process nothing (`stages.run_unless_idle`: nothing new in
+    landing or in the tables it reads since its last batch, or no input table yet) is not started
+    at all: starting a query costs seconds, and hourly run-once mostly finds nothing new.
+    `spark` may be a function that makes the session: it is then called only when a stage must
+    run, so a run-once that finds nothing new starts no JVM. `only` names the stages to run (see
+    `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would write
+    the same tables and checkpoints (on S3, two drivers committing one table lose commits).
     """
     from pipelines.operations.running import refuse_while_streaming
 
     refuse_while_streaming(lake.home, "a run-once")
     lake.home.create()
     _follow_move(lake)
+    session = _session_maker(spark)
     reports = []
     for stage in stages():
         if only and stage.name not in only:
             continue
-        if stage.reads and all(lake.exists(t) for t in stage.reads) and caught_up(
-                lake.home.checkpoint(stage.checkpoint_name), [lake.path(t) for t in stage.reads]):
-            rep = QueryReport(stage.name, skipped=True)
-            reports.append(rep)
-            if on_report:
-                on_report(rep)
-            continue
         try:
-            rep = run_stage(spark, lake, settings, stage)
+            rep = run_unless_idle(session, lake, settings, stage)
         except StageError as err:
             rep = err.report or QueryReport(stage.name)
             rep.error = rep.error or error_summary(err.__cause__ or err)
@@ -82,6 +79,13 @@ def run_once(spark: SparkSession, lake: Lake, settings: Settings = Settings(), o
         if on_report:
             on_report(rep)
     return reports
+
+
+def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable[[], SparkSession]:
+    if isinstance(spark, SparkSession):
+        session = spark
+        return lambda: session
+    return functools.cache(spark)
 
 
 def _follow_move(lake: Lake) -> None:

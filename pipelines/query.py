@@ -151,7 +151,10 @@ class Stage:
     `name` is the query's name, its checkpoint folder (`checkpoints/<name>`, unless `checkpoint`
     names another: a rule's is per version), its writers' Delta app_id and its Dagster op; `reads`
     and `writes` are registry tables (landing folders are not tables); `start(spark, lake,
-    settings, trigger)` starts it.
+    settings, trigger)` starts it. `part_of` names the stage whose tables this one also writes from
+    another input (`etl_kafka` is part of `etl`): Dagster shows both as that stage's asset.
+    `idle(lake)`, where given, tells from files alone (no JVM) that starting the stage now would
+    process nothing; without it, `stages.idle` asks the checkpoint and the tables it reads.
     """
 
     name: str
@@ -159,6 +162,8 @@ class Stage:
     writes: tuple[str, ...]
     start: Starter
     checkpoint: str = ""
+    part_of: str = ""
+    idle: Callable[["Lake"], bool] | None = None
 
     @property
     def checkpoint_name(self) -> str:
@@ -218,7 +223,7 @@ class QueryReport:
     error: str | None = None
     skipped: bool = False
     read: dict[str, int] = field(default_factory=dict)
-    # Why the stage did not run though it had input (a disabled rule, one backing off).
+    # Why the stage did not run: a disabled rule, one backing off, no input table yet.
     note: str | None = None
 
     def line(self) -> str:
@@ -230,10 +235,10 @@ class QueryReport:
         >>> QueryReport("enriched_dns", batches=2, rows_in=1942, duration_s=7).line()
         'enriched_dns: 2 batches, 1,942 rows in -> nothing new in 7.0s'
         >>> QueryReport("enriched_dns", skipped=True).line()
-        'enriched_dns: nothing new in its input tables since its last batch (not started)'
+        'enriched_dns: nothing new since its last batch (not started)'
         """
         if self.skipped:
-            return f"{self.name}: nothing new in its input tables since its last batch (not started)"
+            return f"{self.name}: nothing new since its last batch (not started)"
         if self.note and not self.error:
             return f"{self.name}: {self.note}"
         notes = self.notes()

@@ -39,10 +39,11 @@ def running_pid(pid_file: Path) -> int | None:
     """The process id in `pid_file` if that process still runs, else None."""
     try:
         pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
         return None
-    return pid
+    # alive() reaps a child of this process that died (a SIGKILLed server started here is a
+    # zombie until then, and a zombie still answers a signal 0).
+    return pid if alive(pid) else None
 
 
 def launch(command: list[str], *, name: str, port: int, pid_file: Path, output: Path, log: Path,

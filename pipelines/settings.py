@@ -20,6 +20,9 @@ class Settings:
     # Bounds one ETL micro-batch of landing files so a backlog is eaten in steps that fit in memory.
     # The queries after the ETL read whole commits (a file limit would split them: docs/attribution.md).
     max_files_per_trigger: int = 50
+    # The same for Kafka messages (one line each), per source's topics: 200k lines are ~60 MB
+    # of text, a few seconds of parsing on 2 cores, so a backlog drains without a long first batch.
+    max_offsets_per_trigger: int = 200_000
     # How far an event may trail the newest event of its table and still be attributed: lines of
     # one sensor arrive in order, sensors and file rotations skew by minutes. Later ones are late
     # (counted in late_events, kept in silver).

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
+from pipelines.lake.source import caught_up
 from pipelines.query import AVAILABLE_NOW, QueryReport, Stage, python_cause, report
 from pipelines.rules.tables import ALERTS_TABLE
 from pipelines.settings import Settings
@@ -31,7 +33,7 @@ def stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     from pipelines import attribution, etl
     from pipelines.rules.engine import rule_stages
 
-    found = [etl.stage(), *attribution.stages(), *rule_stages(rules_dir)]
+    found = [*etl.stages(), *attribution.stages(), *rule_stages(rules_dir)]
     known = set(Lake.names())
     written: set[str] = set()
     for stage in found:
@@ -61,13 +63,16 @@ def table_stages(all_stages: list[Stage]) -> list[Stage]:
 
 
 def shared_tables(all_stages: list[Stage]) -> dict[str, list[Stage]]:
-    """Each table that several stages append to (`late_events`, `alerts`) -> those stages.
+    """Each table that several stages append to (`late_events`, `alerts`) -> those stages. A stage
+    that is `part_of` another writes that one's tables and is not counted.
 
     >>> sorted(shared_tables(table_stages(stages())))
     ['late_events']
     """
     writers: dict[str, list[Stage]] = {}
     for stage in all_stages:
+        if stage.part_of:
+            continue
         for table in stage.writes:
             writers.setdefault(table, []).append(stage)
     return {table: found for table, found in writers.items() if len(found) > 1}
@@ -79,8 +84,36 @@ def own_tables(stage: Stage, all_stages: list[Stage]) -> tuple[str, ...]:
     >>> found = stages(); own_tables(found[2], found)
     ('dhcp_leases',)
     """
+    if stage.part_of:  # its tables are its parent's
+        return ()
     shared = shared_tables(all_stages)
     return tuple(t for t in stage.writes if t not in shared)
+
+
+def parts(stage: Stage, all_stages: list[Stage]) -> list[Stage]:
+    """The stages that are `part_of` `stage` (the ETL from Kafka, for `etl`): run with it by Dagster.
+
+    >>> found = stages(); parts(found[1], found)
+    []
+    """
+    return [s for s in all_stages if s.part_of == stage.name]
+
+
+def idle(lake: Lake, stage: Stage) -> bool:
+    """True when starting `stage` now would process nothing, told from files alone (no JVM): its
+    own `idle` test, else its checkpoint has read every commit of the tables it reads
+    (`caught_up`). A stage without either (the ETL from Kafka) is never idle.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     [idle(Lake(Home.resolve(tmp)), s) for s in stages()][:3]
+    [False, False, False]
+    """
+    if stage.idle is not None:
+        return stage.idle(lake)
+    return bool(stage.reads) and all(lake.exists(t) for t in stage.reads) and caught_up(
+        lake.home.checkpoint(stage.checkpoint_name), [lake.path(t) for t in stage.reads])
 
 
 class StageError(RuntimeError):
@@ -139,3 +172,23 @@ def run_stage(spark: SparkSession, lake: Lake, settings: Settings, stage: Stage,
         python_error, message = python_cause(failure)
         raise StageError(stage.name, f"stage {stage.name} failed: {message}", python_error, result) from failure
     return result
+
+
+def run_unless_idle(spark: Callable[[], SparkSession], lake: Lake, settings: Settings, stage: Stage) -> QueryReport:
+    """`run_stage`, unless there is nothing to run: a stage none of whose input tables exists yet
+    is reported waiting (`note`), an `idle` one skipped (`skipped`). `spark` makes (or returns) the
+    session and is only called when the stage runs: run-once and Dagster's ops start no JVM for
+    work that is not there.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     run_unless_idle(print, Lake(Home.resolve(tmp)), Settings(), stages()[2]).line()
+    'dhcp_leases: waiting for input: no silver_dhcp, end_of_input yet (not started)'
+    """
+    if stage.reads and not any(lake.exists(t) for t in stage.reads):
+        # No input written yet (a home before its first logs): nothing to read, not a failure.
+        return QueryReport(stage.name, note=f"waiting for input: no {', '.join(stage.reads)} yet (not started)")
+    if idle(lake, stage):
+        return QueryReport(stage.name, skipped=True)
+    return run_stage(spark(), lake, settings, stage)

@@ -329,6 +329,28 @@ def generate(
     return manifest
 
 
+def append_as_current(out: Path, entry: dict, root: Path) -> Path:
+    """Append one generated file (a manifest `files` entry of the output in `out`) to the file its
+    sensor would still be writing, under `root/<sensor>/`: Zeek `<kind>.log`, Suricata `eve.json`
+    (the folders `seclake ship` tails). Returns that sensor's folder.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = Path(tmp, "landing").mkdir(); _ = Path(tmp, "landing", "dns.2026-11-20-00-00-00.log").write_text("a\\n")
+    ...     folder = append_as_current(Path(tmp), {"path": "landing/dns.2026-11-20-00-00-00.log", "sensor": "zeek"},
+    ...                                Path(tmp, "sensors"))
+    ...     sorted(p.name for p in folder.iterdir())
+    ['dns.log']
+    """
+    name = Path(entry["path"]).name
+    folder = root / entry["sensor"]
+    folder.mkdir(parents=True, exist_ok=True)
+    current = "eve.json" if entry["sensor"] == "suricata" else name.split(".")[0] + ".log"
+    with open(folder / current, "ab") as log:
+        log.write((out / entry["path"]).read_bytes())
+    return folder
+
+
 def done_line(manifest: dict, out: str | os.PathLike, seconds: float) -> str:
     """What `seclake generate` (and `seclake demo`) say when the files are written."""
     totals = manifest["totals"]

@@ -108,6 +108,22 @@ def test_stages_declare_what_they_read_and_write_and_shared_tables_are_found():
     assert stages.own_tables(found[2], table_writers) == ("dhcp_leases",)
 
 
+def test_with_kafka_the_etl_asset_runs_both_etl_stages_and_no_table_gets_a_second_asset(monkeypatch):
+    monkeypatch.setenv("SECLAKE_KAFKA", "127.0.0.1:9092")
+    found = stages.stages()
+    assert [s.name for s in found][:2] == ["etl", "etl_kafka"] and found[1].writes == found[0].writes
+    table_writers = stages.table_stages(found)
+    assert stages.parts(found[0], found) == [found[1]]
+    # etl_kafka writes etl's tables: they stay etl's own, not "shared" assets of their own.
+    assert sorted(stages.shared_tables(table_writers)) == ["late_events"]
+    assert stages.own_tables(found[0], table_writers) == found[0].writes
+    assert stages.own_tables(found[1], table_writers) == ()
+    graph = build_definitions(stage_list=found).resolve_asset_graph()
+    ops = {a.op.name for a in graph.assets_defs if a.is_executable}
+    assert "etl" in ops and "etl_kafka" not in ops
+    assert graph.get(tables.table_key("silver_dns")).assets_def.op.name == "etl"
+
+
 # --- rule files -> assets -------------------------------------------------------------------
 
 def _rule_text(new_id: str) -> str:
@@ -130,6 +146,8 @@ def test_adding_a_rule_file_adds_its_asset_on_reload(tmp_path):
     second = graph.get(AssetKey(["rules", "second_rule"]))
     assert second.group_name == "rules" and second.metadata["rule_id"] == "22222222-2222-4222-8222-222222222222"
     assert {d.path[0] for d in second.parent_keys} <= {"bronze", "silver", "enriched"}
+    # After run-once's end-of-input mark, so a rule on a silver table flushes its last windows.
+    assert tables.table_key("end_of_input") in second.parent_keys
     broken = graph.get(AssetKey(["rules", "broken_rule"]))
     assert broken.description.startswith("INVALID rule file")
     if "alerts" in Lake.names():
@@ -195,7 +213,7 @@ def test_second_run_commits_nothing_new(sample_run):
     again = materialize([etl_assets], resources=resources(home), instance=DagsterInstance.ephemeral())
     meta = materializations(again)
     assert meta["silver/dns"]["rows_out"] == 0 and meta["silver/dns"]["version"] == "-"
-    assert meta["silver/dns"]["summary"].startswith("etl: 0 batches")
+    assert meta["silver/dns"]["summary"] == "etl: nothing new since its last batch (not started)"
 
 
 # --- landing sensor ---------------------------------------------------------------------------

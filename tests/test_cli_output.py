@@ -83,6 +83,16 @@ def test_run_once_prints_a_line_per_stage_then_the_report_table(home, run_once):
     assert re.match(r"etl +1 +4 files, [\d,]+ data lines +quarantine=", out[2]), out[2]
 
 
+def test_run_once_on_a_home_without_logs_waits_for_input_and_exits_0(tmp_path):
+    empty = seclake("run-once", "--home", str(tmp_path / "home"))
+    assert empty.returncode == 0, empty.stderr[-3000:]
+    assert "FAILED" not in empty.stdout + empty.stderr and chatter(empty) == []
+    rows = {line.split()[0]: line for line in empty.stdout.splitlines()[2:]}
+    assert list(rows) == [s.name for s in stages()]
+    assert re.match(r"etl +0 +0 rows +nothing new", rows.pop("etl")), empty.stdout
+    assert all("waiting for input: no " in line for line in rows.values()), empty.stdout
+
+
 def test_sql_prints_the_result_and_nothing_else(home, run_once):
     assert run_once.returncode == 0
     run = seclake("sql", "--home", str(home), "SELECT count(*) AS n FROM silver_dns WHERE source = 'zeek'")

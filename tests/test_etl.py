@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from pipelines import etl
 from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.registry import Lake
@@ -82,13 +83,19 @@ def test_rerun_adds_nothing_and_new_files_are_picked_up(spark, sample_run):
     lake, _, manifest = sample_run
     before = {t: _count(spark, lake, t) for t in SILVER_FEEDS}
     again = run_once(spark, lake, Settings(), only=["etl"])[0]
-    assert again.batches == 0
+    assert again.skipped and again.batches == 0  # nothing new in landing: not even started
     assert {t: _count(spark, lake, t) for t in SILVER_FEEDS} == before
-    # A file re-shipped under a new name (every line a duplicate) adds no silver row.
+    # A sensor's temp file is not input (Spark's file source ignores it too).
+    (lake.home.landing / "zeek" / ".dns.log.tmp").write_text("partial")
+    assert etl.idle(lake)
+    # A file re-shipped under a new name is input; every line a duplicate, it adds no silver row.
+    # Its name has a space, which Spark's file log records URI-encoded: once read, it is known.
     src = next((lake.home.landing / "zeek").glob("dns.*.log"))
-    shutil.copy(src, src.with_name("dns.reshipped.log"))
-    run_once(spark, lake, Settings(), only=["etl"])
+    shutil.copy(src, src.with_name("dns reshipped.log"))
+    assert not etl.idle(lake)
+    assert run_once(spark, lake, Settings(), only=["etl"])[0].batches == 1
     assert _count(spark, lake, "silver_dns") == before["silver_dns"]
+    assert etl.idle(lake)
 
 
 def _data_lines(path: Path) -> int:

@@ -3,18 +3,23 @@ project, its data under the home, listening on 127.0.0.1 only, durable across a 
 `seclake ship` (sensor files to topics, each line once across rotations and SIGKILLs)."""
 from __future__ import annotations
 
+import base64
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from pipelines.home import Home
-from pipelines.kafka.broker import Broker
+from pipelines.kafka.broker import Broker, cluster_id
+from pipelines.kafka.ship import topic_of
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +86,13 @@ def listening_addresses(pid: int) -> set[str]:
                 address = fields[1].split(":")[0]
                 found.add(address)
     return found
+
+
+def test_cluster_ids_are_valid_and_never_read_as_an_option():
+    ids = {cluster_id() for _ in range(5000)}
+    assert len(ids) == 5000
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids)
 
 
 def test_broker_round_trip_on_localhost_only_with_data_under_the_home_survives_a_restart(broker):
@@ -258,3 +270,317 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
             assert all(b"#fields\tts\tuid\tquery" in headers["seclake.zeek_header"] for _, headers in got)
         else:
             assert all("seclake.zeek_header" not in headers for _, headers in got)
+
+
+# ---- the ETL from Kafka: topics -> bronze, quarantine, silver, exactly the file path's rows ------
+
+def sensor_folders(gen: Path, manifest: dict, root: Path) -> set[Path]:
+    """The generator's files appended in delivery order to two sensors' current log files."""
+    from sample_data.generator import append_as_current
+
+    return {append_as_current(gen, f, root) for f in manifest["files"]}
+
+
+def ship_all(folder: Path, bootstrap: str, resumed: list | None = None) -> int:
+    """Every line of `folder` to Kafka through `seclake ship`'s Shipper; the lines shipped. The
+    points it resumed from are appended to `resumed`, to name them when a count is off."""
+    from pipelines.kafka.ship import Shipper
+
+    shipper = Shipper(folder, bootstrap)
+    shipper.step()
+    shipper.flush()
+    if resumed is not None:
+        resumed.append((folder.name, shipper.resume, shipper.shipped))
+    return shipper.shipped
+
+
+def raw_lines(spark, home: Home, table: str):
+    import collections
+
+    return collections.Counter(r.raw for r in spark.read.format("delta").load(str(home.table(table)))
+                               .select("raw").collect())
+
+
+def lag_tick(home: Home):
+    """One tick of Dagster's kafka_lag_sensor on `home`."""
+    from dagster import DagsterInstance, build_sensor_context
+
+    from assets.automation import kafka_lag_sensor
+    from assets.resources import LakeResource
+
+    context = build_sensor_context(instance=DagsterInstance.ephemeral(),
+                                   resources={"lake": LakeResource(home=str(home.root))})
+    return kafka_lag_sensor(context)
+
+
+def test_etl_from_kafka_writes_the_same_rows_as_the_file_path_once(spark, broker, small_input, local_reference,
+                                                                   tmp_path, monkeypatch):
+    from pipelines import etl
+    from pipelines.jobs import run_once
+    from pipelines.kafka.lag import consumer_lag
+    from pipelines.lake.registry import Lake
+    from pipelines.settings import Settings
+    from test_faults import assert_nothing_late, compare_with_reference, row_keys
+
+    gen, manifest = small_input
+    shipped = sum(ship_all(folder, broker.bootstrap) for folder in sensor_folders(gen, manifest, tmp_path))
+    assert shipped > 5000
+    monkeypatch.setenv("SECLAKE_KAFKA", broker.bootstrap)
+    home = Home(tmp_path / "lake").create()  # tmp_path/home is the broker's
+    shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
+    # Before the ETL, every shipped line is lag; the Dagster sensor shows it and asks for a run.
+    assert sum(consumer_lag(home, broker.bootstrap).values()) == shipped
+    assert lag_tick(home).run_requests[0].tags["seclake/kafka_lag"] == str(shipped)
+    # Small batches: the offsets of several micro-batches, each committed with its own txn version.
+    settings = Settings().with_overrides({"max_offsets_per_trigger": "2000"})
+    reports = {r.name: r for r in run_once(spark, Lake(home), settings)}
+    assert all(r.error is None for r in reports.values()), [r.line() for r in reports.values()]
+    assert reports["etl_kafka"].batches >= 3
+    assert_nothing_late(home)
+    # Silver, enriched by event id and alerts by alert id: exactly the rows of the run over the files.
+    assert row_keys(local_reference.table("alerts"), "alerts"), "the reference raised no alert: a vacuous check"
+    compare_with_reference(home, local_reference, manifest,
+                           exact=(*(t for t in etl.etl_tables() if t.startswith("silver_")), "alerts"))
+    # Bronze and quarantine: the same raw lines; each names its message (topic, partition, offset).
+    for table in (t for t in etl.etl_tables() if not t.startswith("silver_")):
+        assert raw_lines(spark, home, table) == raw_lines(spark, local_reference, table), table
+    sample = spark.read.format("delta").load(str(home.table("bronze_zeek"))).select("file", "line_number").first()
+    assert sample.file.startswith("kafka://zeek.") and sample.line_number >= 0
+
+    # A second run finds nothing new: the offsets are in the checkpoint, no row is written twice.
+    assert set(consumer_lag(home, broker.bootstrap).values()) == {0}
+    assert "consumer lag 0" in lag_tick(home).skip_message
+    [again] = run_once(spark, Lake(home), settings, only=["etl_kafka"])
+    assert again.error is None and sum(again.rows_out.values()) == 0, again.line()
+    compare_with_reference(home, local_reference, manifest,
+                           exact=(*(t for t in etl.etl_tables() if t.startswith("silver_")), "alerts"))
+
+
+def test_etl_from_kafka_names_an_unreachable_broker_in_one_line(tmp_path):
+    env = {**os.environ, "SECLAKE_KAFKA": f"127.0.0.1:{free_port()}"}
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run-once", "--home", str(tmp_path / "home"),
+                           "--only", "etl_kafka"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0
+    assert f"no Kafka broker answers at {env['SECLAKE_KAFKA']}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "at org.apache" not in done.stderr
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    """The offset after the last message of `topic`'s one partition."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
+    finally:
+        consumer.close()
+
+
+class SensorFeed:
+    """The generator's hourly files appended one at a time to two sensors' current log files
+    (`append_as_current`), each shipped at once: a sensor writing while the ETL reads."""
+
+    def __init__(self, gen: Path, manifest: dict, root: Path, bootstrap: str) -> None:
+        self.gen = gen
+        self.files = list(manifest["files"])
+        self.root = root
+        self.bootstrap = bootstrap
+        self.resumed: list = []  # (sensor, resume points, lines shipped) per shipper start
+
+    def next(self, n: int = 1) -> None:
+        from sample_data.generator import append_as_current
+
+        for f in self.files[:n]:
+            ship_all(append_as_current(self.gen, f, self.root), self.bootstrap, self.resumed)
+        del self.files[:n]
+
+
+@pytest.mark.faults
+@pytest.mark.xdist_group("rules_and_kafka")  # beside the bad-rules test in CI (tests/test_faults.py)
+@pytest.mark.timeout(1800)
+def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing(broker, small_input,
+                                                                                  local_reference, tmp_path):
+    import random
+    import signal
+
+    from pipelines import etl
+    from test_faults import (
+        KILL_WATERMARKS,
+        _wait_for_line,
+        assert_nothing_late,
+        commit_files,
+        compare_with_reference,
+        duplicates,
+        row_keys,
+        tables_in,
+    )
+
+    gen, manifest = small_input
+    rng = random.Random(15)
+    home = Home(tmp_path / "lake").create()  # tmp_path/home is the broker's
+    shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
+    env = {**os.environ, "SECLAKE_KAFKA": broker.bootstrap}
+    feed = SensorFeed(gen, manifest, tmp_path / "sensors", broker.bootstrap)
+    feed.next(2)
+    cmd = [sys.executable, "-m", "pipelines.cli", "stream", "--home", str(home.root), "--only", "tables",
+           "--set", "trigger_interval=1 second", "--set", "max_offsets_per_trigger=700", *KILL_WATERMARKS,
+           "--report-every", "5"]
+    kills = []
+    # Kill points, in a cycle: 0-3 s after an ETL commit of this run (each cycle makes progress);
+    # while Spark starts and the queries resume; 2-12 s after the session is up; and the broker
+    # itself SIGKILLed and restarted under a running stream, which must then go on by itself.
+    modes = ("after a commit", "from start", "after Spark up", "broker")
+    for restart, mode in enumerate((*modes, "after a commit")):
+        log = tmp_path / f"stream-{restart}.log"
+        before = {t: commit_files(home.table(t)) for t in etl.etl_tables()}
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        try:
+            feed.next(1)
+            if mode == "from start":
+                time.sleep(rng.uniform(5, 20))
+            else:
+                up = _wait_for_line(log, "seclake stream --only tables: home", proc, timeout=300)
+                assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
+                if mode == "after Spark up":
+                    time.sleep(rng.uniform(2, 12))
+                else:
+                    deadline = time.monotonic() + 240
+                    while (proc.poll() is None and time.monotonic() < deadline
+                           and all(commit_files(home.table(t)) <= n for t, n in before.items())):
+                        time.sleep(0.3)
+                    time.sleep(rng.uniform(0, 3))
+                if mode == "broker":
+                    os.kill(broker.pid(), signal.SIGKILL)
+                    time.sleep(rng.uniform(1, 5))
+                    broker.start()
+                    feed.next(1)
+                    # The stream reconnects by itself: a further ETL commit from the topics.
+                    after = {t: commit_files(home.table(t)) for t in etl.etl_tables()}
+                    deadline = time.monotonic() + 240
+                    while (proc.poll() is None and time.monotonic() < deadline
+                           and all(commit_files(home.table(t)) <= n for t, n in after.items())):
+                        time.sleep(0.3)
+                    assert any(commit_files(home.table(t)) > n for t, n in after.items()), \
+                        f"no ETL commit after the broker came back:\n{log.read_text(errors='replace')[-3000:]}"
+            assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for name in tables_in(home):
+            dups = duplicates(row_keys(home.table(name), name))
+            assert not dups, f"restart {restart} ({mode}): {name} has duplicated rows {dups[:3]}"
+        kills.append((mode, sum(commit_files(home.table(t)) - n for t, n in before.items())))
+    assert sum(n for _, n in kills) >= 3, f"too few ETL commits during the kill phase: {kills}"
+    feed.next(len(feed.files))
+    # The topics hold each written line once: what the ETL must then read once.
+    for path in sorted((tmp_path / "sensors").glob("*/*")):
+        topic = topic_of(path.name)
+        written = sum(1 for line in path.read_bytes().split(b"\n") if line.strip() and not line.startswith(b"#"))
+        held = end_offset(broker.bootstrap, topic)
+        assert held == written, f"{topic}: {held} messages, {written} lines written; shipper starts: {feed.resumed}"
+    drained = subprocess.run([sys.executable, "-m", "pipelines.cli", "run-once", "--home", str(home.root),
+                              *KILL_WATERMARKS], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
+    assert_nothing_late(home)
+    silver = tuple(t for t in etl.etl_tables() if t.startswith("silver_"))
+    compare_with_reference(home, local_reference, manifest, exact=(*silver, "alerts"))
+    for table in (t for t in etl.etl_tables() if t not in silver):
+        got, ref = row_keys(home.table(table), table), row_keys(local_reference.table(table), table)
+        assert sum(got.values()) == sum(ref.values()), \
+            f"{table}: {sum(got.values())} rows, the files gave {sum(ref.values())}; shipper starts: {feed.resumed}"
+    print("\nKafka kills (mode, ETL commits):", kills)
+
+
+# ---- the real-time path: the IDS topic -> seclake.alerts, per event, the micro-batch path's alert ids --
+
+def eve_alert(ts: datetime, src_ip: str, sid: int, severity: int) -> bytes:
+    """A Suricata EVE alert line as Suricata writes it."""
+    stamp = ts.strftime("%Y-%m-%dT%H:%M:%S.%f") + "+0000"
+    return json.dumps({"timestamp": stamp, "event_type": "alert", "src_ip": src_ip, "src_port": 51000,
+                       "dest_ip": "198.51.100.7", "dest_port": 443, "proto": "TCP", "host": "ids-1",
+                       "alert": {"action": "allowed", "gid": 1, "signature_id": sid, "rev": 1,
+                                 "signature": f"test signature {sid}", "category": "Test", "severity": severity}
+                       }, separators=(",", ":")).encode()
+
+
+def expected_alert_id(rule, src_ip: str, mac: str, sid: int, ts: datetime) -> str:
+    """The alert id the rule's window holding `ts` gets (pipelines/rules/alerts.py), computed here
+    on its own: sha256 of rule id, version, keys and the window's bounds in microseconds."""
+    import hashlib
+
+    width = 600  # the rule's 10-minute window
+    start = int(ts.timestamp()) // width * width
+    parts = [rule.id, str(rule.version), src_ip, mac, str(sid), str(start * 10**6), str((start + width) * 10**6)]
+    return hashlib.sha256("\u001f".join(parts).encode()).hexdigest()[:32]
+
+
+def test_realtime_path_sends_each_matching_event_with_the_micro_batch_alert_id(spark, broker, small_input,
+                                                                               local_reference, tmp_path):
+    from confluent_kafka import Consumer
+
+    from pipelines import realtime
+    from pipelines.lake.registry import Lake
+    from test_faults import read_columns
+
+    gen, manifest = small_input
+    home = Home(tmp_path / "processed")  # tmp_path/home is the broker's
+    shutil.copytree(local_reference.root, home.root)
+    [rule] = realtime.realtime_rules()
+    # Crafted alerts, attributed through dhcp_leases as the micro-batch path would: one per
+    # (device, lease piece) inside its piece, priority 1 (alerts) and priority 3 (does not), and
+    # one from an address no lease holds (no device: no alert).
+    leases = read_columns(home.table("dhcp_leases"), ["ip", "mac", "valid_from", "valid_to"])
+    devices = {line.split(",")[0] for line in (home.reference / "devices.csv").read_text().splitlines()[1:]}
+    crafted, expected = [], set()
+    pieces = sorted(zip(leases["ip"], leases["mac"], leases["valid_from"], leases["valid_to"]), key=lambda p: p[2])
+    for n, (ip, mac, start, end) in enumerate(p for p in pieces if p[1] in devices):
+        if n % 5:
+            continue
+        ts = start + (end - start) / 2
+        crafted += [eve_alert(ts, ip, 9000 + n, 1), eve_alert(ts, ip, 9500 + n, 3)]
+        expected.add(expected_alert_id(rule, ip, mac, 9000 + n, ts))
+    crafted.append(eve_alert(pieces[-1][2], "10.254.254.254", 9999, 1))
+    assert len(expected) >= 5
+    # The reference run's own alerts of this rule, from the generated capture, are expected too.
+    ref = read_columns(local_reference.table("alerts"), ["alert_id", "rule_id"])
+    expected |= {a for a, r in zip(ref["alert_id"], ref["rule_id"]) if r == rule.id}
+    capture = [line for path in sorted((gen / "landing" / "suricata").glob("eve*.json"))
+               for line in path.read_bytes().splitlines() if line]
+
+    query = realtime.start(spark, Lake(home), broker.bootstrap, [rule], checkpoint_every="10 seconds")
+    try:
+        # It starts at the topic's end: wait until it has fixed its first offsets.
+        deadline = time.monotonic() + 120
+        while not (home.checkpoints / realtime.QUERY_NAME / "offsets" / "0").is_file():
+            assert query.isActive and time.monotonic() < deadline, \
+                f"the real-time query did not start: {query.exception()}"
+            time.sleep(0.5)
+        produce(broker.bootstrap, "suricata.eve", [*capture, *crafted, b"{not json"])
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"test-{uuid.uuid4()}",
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([realtime.ALERTS_TOPIC])
+        got: dict[str, dict] = {}
+        deadline = time.monotonic() + 120
+        try:
+            while time.monotonic() < deadline and set(got) != expected:
+                message = consumer.poll(1.0)
+                if message is not None and message.error() is None:
+                    got[message.key().decode()] = json.loads(message.value())
+            # Anything beyond the expected ids would be a wrong alert: wait a little for it.
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                message = consumer.poll(0.5)
+                if message is not None and message.error() is None:
+                    got[message.key().decode()] = json.loads(message.value())
+        finally:
+            consumer.close()
+        assert query.isActive, query.exception()
+    finally:
+        query.stop()
+    assert set(got) == expected, f"{len(set(got) - expected)} unexpected, {len(expected - set(got))} missing"
+    assert all(m["rule_id"] == rule.id and m["device"] and m["mac"] for m in got.values())

@@ -421,3 +421,31 @@ def test_helpers():
     with pytest.raises(ValueError, match="is not an interval"):
         interval_seconds("0 seconds")
     assert split_metadata("  /* a: 1 */SELECT 1") == ({"a": 1}, "SELECT 1")
+
+
+IDS_CTE = ("WITH hits AS (SELECT attributed_ip AS src_ip, mac, device, owner, event_time FROM enriched_ids_alerts "
+           "WHERE severity = 1) ")
+IDS_SQL = IDS_CTE + f"SELECT {COLUMNS} FROM hits {GROUP}"
+
+
+def test_a_realtime_rule_runs_its_cte_alone():
+    rule = validate_rule(rule_text(IDS_SQL, tables="[enriched_ids_alerts]", realtime="hits"))
+    assert rule.realtime_sql is not None and rule.realtime_sql.endswith("SELECT * FROM hits")
+    assert "WHERE severity = 1" in rule.realtime_sql
+    # Declaring it changes what the file says, not the alerts the micro-batch path writes.
+    plain = validate_rule(rule_text(IDS_SQL, tables="[enriched_ids_alerts]"))
+    assert plain.realtime_sql is None and plain.logic_hash == rule.logic_hash
+
+
+@pytest.mark.parametrize("text, reason", [
+    (rule_text(IDS_SQL, tables="[enriched_ids_alerts]", realtime="nope"), "has no CTE 'nope'"),
+    (rule_text(VALID_SQL, realtime="hits"), "reads only enriched_ids_alerts"),
+    (rule_text(IDS_SQL + " HAVING count(*) >= 5", tables="[enriched_ids_alerts]", realtime="hits"),
+     "one event alone may not raise the alert"),
+    (rule_text(IDS_CTE.replace("mac, device", "device") + f"SELECT {COLUMNS.replace('mac,', '', 1)}, 'm' AS mac "
+               f"FROM hits {GROUP.replace('mac, ', '', 1)}", tables="[enriched_ids_alerts]", realtime="hits"),
+     "it lacks ['mac']"),
+], ids=["unknown CTE", "not the IDS table", "a threshold", "a key the CTE lacks"])
+def test_a_realtime_rule_that_one_event_cannot_raise_is_refused(text, reason):
+    with pytest.raises(RuleError, match=reason.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        validate_rule(text)

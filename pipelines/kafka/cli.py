@@ -1,5 +1,5 @@
 """`seclake kafka start|stop|status`: the development Kafka broker of a home; `seclake ship`: sensor logs
-to Kafka (docs/kafka.md)."""
+to Kafka; `seclake realtime`: the real-time alert path (docs/kafka.md)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
         sub, "kafka", "the development Kafka broker (one node, KRaft, 127.0.0.1 only)",
         {"start": "start the broker (its data under HOME/kafka); a running one is left as is",
          "stop": "stop the broker (a controlled shutdown)",
-         "status": "say whether the broker runs; exit 1 when it does not"},
+         "status": "say whether the broker runs; exit 1 when it does not",
+         "lag": "messages per topic partition the ETL from Kafka (etl_kafka) has not committed yet"},
         DEFAULT_PORT, "the broker's port on 127.0.0.1", home_arg, cmd_kafka)
 
 
@@ -46,6 +47,59 @@ def add_ship_command(sub: argparse._SubParsersAction) -> None:
                       help=f"bootstrap servers (default 127.0.0.1:{DEFAULT_PORT}, the development broker)")
     ship.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the files (default 0.5)")
     ship.set_defaults(func=cmd_ship)
+
+
+def add_realtime_command(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
+    """Add `realtime` to the `seclake` command line.
+
+    >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
+    >>> add_realtime_command(sub, lambda p: p.add_argument("--home"))
+    >>> parser.parse_args(["realtime", "--kafka", "k1:9092"]).kafka
+    'k1:9092'
+    """
+    from pipelines.realtime import ALERTS_TOPIC, CHECKPOINT_EVERY
+
+    realtime = sub.add_parser("realtime", help=f"the real-time path: per-event IDS rules from suricata.eve to "
+                                               f"{ALERTS_TOPIC}, in Spark's real-time mode; Ctrl-C/SIGTERM to stop")
+    home_arg(realtime)
+    realtime.add_argument("--kafka", default=None, help="bootstrap servers (default $SECLAKE_KAFKA)")
+    realtime.add_argument("--checkpoint-every", default=CHECKPOINT_EVERY,
+                          help=f"how often offsets are checkpointed (default {CHECKPOINT_EVERY}); "
+                               "records never wait for it")
+    realtime.set_defaults(func=cmd_realtime)
+
+
+def cmd_realtime(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    import threading
+
+    from pipelines import environment
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.realtime import ALERTS_TOPIC, realtime_rules, start
+    from pipelines.spark import get_spark
+
+    bootstrap = args.kafka or environment.kafka()
+    if not bootstrap:
+        raise ValueError("no Kafka to read: pass --kafka HOST:PORT or set SECLAKE_KAFKA")
+    lake = Lake(Home.resolve(args.home).create())
+    rules = realtime_rules()
+    spark = get_spark(app_name="seclake-realtime", ui=False)
+    query = start(spark, lake, bootstrap, rules, args.checkpoint_every)
+    print(f"seclake realtime: {len(rules)} rule(s) ({', '.join(r.slug for r in rules)}) from suricata.eve -> "
+          f"{ALERTS_TOPIC} at {bootstrap}; Ctrl-C to stop", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0) and query.isActive:
+        pass
+    failure = query.exception()
+    query.stop()
+    if failure is not None:
+        raise RuntimeError(f"the real-time query failed: {str(failure).splitlines()[0]}")
+    print("seclake realtime: stopped", file=sys.stderr)
+    return 0
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
@@ -74,6 +128,16 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         broker.start()
         state = "already running" if was else "started"
         print(f"kafka broker {state}: bootstrap servers {broker.bootstrap}, pid {broker.pid()}, log {broker.log}")
+        return 0
+    if args.kafka_command == "lag":
+        from pipelines import environment
+        from pipelines.kafka.lag import consumer_lag
+        from pipelines.terminal import print_table
+
+        bootstrap = environment.kafka() or broker.bootstrap
+        lag = consumer_lag(broker.home, bootstrap)
+        print_table(["topic/partition", "lag"], [[name, n] for name, n in lag.items()])
+        print(f"{sum(lag.values()):,} message(s) not yet in the lake from Kafka at {bootstrap}")
         return 0
     if args.kafka_command == "stop":
         print("kafka broker stopped" if broker.stop() else "kafka broker was not running")

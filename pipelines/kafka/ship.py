@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("seclake")
 
@@ -102,26 +103,79 @@ class Tail:
             self.pos = base + len(data)
 
 
+def _watermarks(consumer: Any, partition: Any, timeout_s: float) -> tuple[int, int]:
+    """A partition's (low, high) offsets. A broker that just restarted answers NOT_LEADER for a
+    moment while it takes its partitions back, and an answer may be missing or invalid (negative)
+    until it has: those are retried until `timeout_s`, never read as an empty partition (which
+    would make a resumed shipper send everything again)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    passing = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT,
+               KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = consumer.get_watermark_offsets(partition, timeout=max(1.0, deadline - time.monotonic()))
+            if answer is not None and min(answer) >= 0:
+                return int(answer[0]), int(answer[1])
+            problem = f"no valid offsets yet ({answer})"
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in passing):
+                raise RuntimeError(f"Kafka could not give the offsets of topic {partition.topic}: "
+                                   f"{error.str()}") from None
+            problem = error.str()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kafka could not give the offsets of topic {partition.topic} within "
+                               f"{timeout_s:.0f} s: {problem}")
+        time.sleep(0.5)
+
+
+def _partitions(consumer: Any, bootstrap: str, topic: str, timeout_s: float) -> int:
+    """How many partitions `topic` has (0: the topic does not exist). Metadata that lists the topic
+    with a partition still without a leader (a broker taking its partitions back after a restart)
+    is asked again; an absent topic is confirmed by a second answer a second later, because
+    "absent" makes a shipper start over from the oldest file."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    absent = 0
+    while True:
+        try:
+            meta = consumer.list_topics(topic, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            raise RuntimeError(f"Kafka at {bootstrap} did not answer within {timeout_s:.0f} s "
+                               f"({exc.args[0].str()}); start it (seclake kafka start) or pass --kafka") from None
+        found = meta.topics.get(topic)
+        if found is None or not found.partitions:
+            absent += 1
+            if absent >= 2:
+                return 0
+        elif all(p.error is None and p.leader >= 0 for p in found.partitions.values()):
+            return len(found.partitions)
+        else:
+            absent = 0
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kafka at {bootstrap} gave no leader for topic {topic} within {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
 def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> dict[str, tuple[str, int]]:
     """topic -> (file id, end offset) of the last message each topic holds (absent: never shipped)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "seclake-ship-resume",
                          "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
     found: dict[str, tuple[str, int]] = {}
     try:
-        try:
-            meta = consumer.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            raise RuntimeError(f"Kafka at {bootstrap} did not answer within {timeout_s:.0f} s "
-                               f"({exc.args[0].str()}); start it (seclake kafka start) or pass --kafka") from None
         for topic in topics:
-            if topic not in meta.topics or not meta.topics[topic].partitions:
+            partitions = _partitions(consumer, bootstrap, topic, timeout_s)
+            if partitions == 0:
                 continue
-            if len(meta.topics[topic].partitions) != 1:
-                raise ValueError(f"topic {topic} has {len(meta.topics[topic].partitions)} partitions; "
+            if partitions != 1:
+                raise ValueError(f"topic {topic} has {partitions} partitions; "
                                  "seclake ship keeps each file's lines in order in one partition")
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+            low, high = _watermarks(consumer, TopicPartition(topic, 0), timeout_s)
             if high <= low:
                 continue
             consumer.assign([TopicPartition(topic, 0, high - 1)])
@@ -238,6 +292,7 @@ class Shipper:
         for topic, tail in held.items():
             point = self.resume.get(topic)
             if point is None:
+                log.info("topic %s holds no line of %s yet: shipping its files from the oldest", topic, self.folder)
                 self._ship_rotated(tail, 0)  # never shipped: everything the folder holds, oldest first
             elif point[0] == tail.ident:
                 tail.seek(point[1])

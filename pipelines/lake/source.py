@@ -7,15 +7,14 @@ Python source (before delta-spark) cannot be resumed: `check_resumable` says so 
 """
 from __future__ import annotations
 
-import json
 import os
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.checkpoint import newest, next_watermark_ms, read_batch
 from pipelines.lake.log import open_log
 from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
-from pipelines.objectstore.path import as_path
 
 
 class OldCheckpointError(RuntimeError):
@@ -60,14 +59,11 @@ def check_resumable(checkpoint: str | os.PathLike) -> None:
 
     >>> check_resumable("/tmp/no-such-checkpoint")
     """
-    offsets = as_path(checkpoint) / "offsets"
-    logs = [p for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    if not logs:
+    last = newest(checkpoint)
+    if last is None:
         return
-    newest = max(logs, key=lambda p: int(p.name))
-    # Line 1 is the log version, line 2 the batch metadata, then one offset per source.
-    for offset in newest.read_text().splitlines()[2:]:
-        if '"snapshot"' in offset and '"reservoirId"' not in offset:
+    for offset in read_batch(checkpoint, last).offsets:
+        if isinstance(offset, dict) and "snapshot" in offset and "reservoirId" not in offset:
             raise OldCheckpointError(
                 f"checkpoint {checkpoint} was written by seclake's Python Delta source (before delta-spark) "
                 "and cannot be resumed: delete it and the tables its query writes, and they are rebuilt "
@@ -86,22 +82,18 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
     >>> caught_up("/tmp/no-such-checkpoint", [])
     False
     """
-    offsets, commits = as_path(checkpoint) / "offsets", as_path(checkpoint) / "commits"
-    done = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    if not done or not (commits / str(max(done))).is_file():
+    last = newest(checkpoint)
+    if last is None or newest(checkpoint, committed=True) != last:
         return False
-    last = max(done)
-    lines = (offsets / str(last)).read_text().splitlines()
-    commit = (commits / str(last)).read_text().splitlines()
     try:
-        batch = json.loads(lines[1])
-        positions = [json.loads(line) for line in lines[2:]]
-        next_watermark = json.loads(commit[1]).get("nextBatchWatermarkMs", 0) if len(commit) > 1 else 0
-    except (IndexError, ValueError):
+        batch = read_batch(checkpoint, last)
+        if next_watermark_ms(checkpoint, last) != batch.metadata.get("batchWatermarkMs", 0):
+            return False
+    except ValueError:
         return False
-    if next_watermark != batch.get("batchWatermarkMs", 0):
+    if not all(isinstance(p, dict) for p in batch.offsets):
         return False
-    by_table = {p.get("reservoirId"): p for p in positions}
+    by_table = {p.get("reservoirId"): p for p in batch.offsets}
     if None in by_table or len(by_table) != len(tables):
         return False
     for path in tables:

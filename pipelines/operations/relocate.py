@@ -47,6 +47,8 @@ def follow_move(home: Home) -> int:
             if not line.strip():
                 continue
             entry = json.loads(line)
+            if not isinstance(entry, dict) or "path" not in entry:
+                continue  # not a file source's log (a Kafka source keeps its offsets here)
             moved = _moved(unquote(entry["path"].removeprefix("file://")), landing)
             if moved is not None:
                 entry["path"] = "file://" + quote(moved, safe=URI_PATH_SAFE)

@@ -1,19 +1,18 @@
 """`seclake retention`: delete what is older than each layer's retention (`pipelines/settings.py`).
 
 Tables: Delta `DELETE WHERE event_date < cutoff` (files go at the next VACUUM, after its own
-retention). Landing files: removed when their modification time is before the cutoff *and* the
-ETL's checkpoint lists them as read (`checkpoints/etl/sources/*/*`), so nothing unprocessed goes.
+retention). Landing files: removed when their modification time is before the cutoff *and* a
+batch the ETL committed read them (`etl.processed_files`), so nothing unprocessed goes.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
+from pipelines.etl import processed_files
 from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
 
@@ -40,19 +39,6 @@ class RetentionStep:
 
 def _cutoff(days: int, today: date) -> date | None:
     return None if days <= 0 else today - timedelta(days=days)
-
-
-def processed_landing_files(lake: Lake) -> set[Path]:
-    """Landing files the ETL checkpoint records as read (every entry of its file-source logs)."""
-    found: set[Path] = set()
-    sources = lake.home.checkpoint("etl") / "sources"
-    for log in sources.glob("*/*") if sources.is_dir() else ():
-        if log.name.startswith("."):
-            continue
-        for line in log.read_text().splitlines()[1:]:
-            if line.strip():
-                found.add(Path(unquote(json.loads(line)["path"].removeprefix("file://"))).resolve())
-    return found
 
 
 def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(),
@@ -84,7 +70,7 @@ def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings =
         steps.append(RetentionStep("landing", None, 0, "files"))
         return steps
     limit = datetime.combine(landing_cut, datetime.min.time(), timezone.utc).timestamp()
-    processed = processed_landing_files(lake)
+    processed = {Path(p).resolve() for p in processed_files(lake)}
     old_files = [p for p in lake.home.landing.rglob("*") if p.is_file() and p.stat().st_mtime < limit]
     ready = [p for p in old_files if p.resolve() in processed]
     if not dry_run:

@@ -32,6 +32,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from pipelines.checkpoint import newest, numbered, read_batch
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import remove_tree
 from pipelines.query import Stage
@@ -190,7 +191,7 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
         if checkpoint.is_dir():
             if batch < 0:
                 resets[writer.name] = f"nothing of {writer.name} is kept"
-            elif _latest_batch(checkpoint) > batch:
+            elif (last := newest(checkpoint)) is not None and last > batch:
                 plan.checkpoints.append(CheckpointStep(writer.name, checkpoint, batch,
                                                        f"{table} version {version} holds its batches <= {batch}"))
 
@@ -283,21 +284,6 @@ def rollback(spark: SparkSession | None, lake: Lake, table: str, version: int, c
 
 # --- checkpoints ----------------------------------------------------------------------------------
 
-def _numbered(folder: Path) -> dict[int, Path]:
-    """Spark's log files in `folder` by batch number (`7`, `9.compact`), hidden .crc files left out."""
-    found = {}
-    if folder.is_dir():
-        for path in folder.iterdir():
-            stem = path.name.removesuffix(".compact")
-            if stem.isdigit():
-                found[int(stem)] = path
-    return found
-
-
-def _latest_batch(checkpoint: Path) -> int:
-    return max(_numbered(checkpoint / "offsets"), default=-1)
-
-
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
@@ -311,13 +297,12 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
     """
     if (checkpoint / "state").is_dir():
         raise ValueError(f"checkpoint {checkpoint} holds streaming state, which cannot be rewound")
-    offsets = _numbered(checkpoint / "offsets")
+    offsets = numbered(checkpoint / "offsets")
     if batch not in offsets:
         raise ValueError(f"checkpoint {checkpoint} has no batch {batch} (batches: {sorted(offsets)})")
-    # Line 1 is the log version, line 2 the batch metadata, then one offset per source in plan order;
-    # a source used twice in the plan (the ETL unions each landing stream into every parse) repeats.
-    ends = [json.loads(line) for line in offsets[batch].read_text().splitlines()[2:] if line.strip()]
-    logs = sorted(_numbered(checkpoint / "sources").items())
+    # A source used twice in the plan (the ETL unions each landing stream into every parse) repeats.
+    ends = read_batch(checkpoint, batch).offsets
+    logs = sorted(numbered(checkpoint / "sources").items())
     if logs:
         if len(ends) % len(logs) or any(ends[i] != ends[i % len(logs)] for i in range(len(ends))) \
                 or any("logOffset" not in e for e in ends[:len(logs)]):
@@ -326,7 +311,7 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
         for (_, folder), end in zip(logs, ends):
             _truncate_source_log(folder, int(end["logOffset"]))
     for sub in ("offsets", "commits"):
-        for number, path in _numbered(checkpoint / sub).items():
+        for number, path in numbered(checkpoint / sub).items():
             if number > batch:
                 _remove(path)
 
@@ -335,14 +320,14 @@ def _truncate_source_log(folder: Path, last: int) -> None:
     """Keep a file-source log's entries up to log batch `last`; entries only a removed compaction
     held (Spark deletes the files a compaction replaced) are written back as per-batch files."""
     orphaned: dict[int, list[str]] = {}
-    for number, path in _numbered(folder).items():
+    for number, path in numbered(folder).items():
         if number > last:
             if path.name.endswith(".compact"):
                 for line in path.read_text().splitlines()[1:]:
                     if line.strip():
                         orphaned.setdefault(int(json.loads(line)["batchId"]), []).append(line)
             _remove(path)
-    kept = _numbered(folder)
+    kept = numbered(folder)
     compactions = [n for n, p in kept.items() if p.name.endswith(".compact")]
     start = max(compactions) + 1 if compactions else 0
     for number in range(start, last + 1):

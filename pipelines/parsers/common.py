@@ -147,5 +147,8 @@ def to_proto(value: str) -> str:
 
 
 def file_stem(file: str) -> str:
-    """SQL: 'file:///x/dns.2026-11-20-13-00-00.log.gz' -> 'dns' (the Zeek log path a file name starts with)."""
-    return f"substring_index(regexp_extract({file}, '([^/]*)$', 1), '.', 1)"
+    """SQL: 'file:///x/dns.2026-11-20-13-00-00.log.gz' -> 'dns' (the Zeek log path a file name starts
+    with); a Kafka message's 'kafka://zeek.dns/0@12' -> 'dns' (its topic's kind)."""
+    return (f"CASE WHEN startswith({file}, 'kafka://') "
+            f"THEN substring_index(substring_index(substr({file}, 9), '/', 1), '.', -1) "
+            f"ELSE substring_index(regexp_extract({file}, '([^/]*)$', 1), '.', 1) END")

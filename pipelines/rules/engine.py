@@ -406,6 +406,13 @@ def file_hash(path: Path) -> str:
         return ""
 
 
+def rule_stage(rule: Rule) -> Stage:
+    """The stage of one valid rule: it reads the rule's tables and the end-of-input marks (so it
+    runs after `end_of_input`), appends to `alerts`, and keeps a checkpoint per rule version."""
+    return Stage(rule.query_name, reads=(*rule.tables, END_OF_INPUT), writes=(ALERTS_TABLE,),
+                 start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
+
+
 def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     """One stage per rule file, reading the rule's tables and appending to `alerts`; an invalid rule
     is a stage too, whose query fails with the validation error (so run-once reports it).
@@ -414,9 +421,7 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     ['rule_c2_beaconing', 'rule_dga_nxdomain_burst']
     """
     pack = scan_rules(rules_dir or default_rules_dir())
-    stages = [Stage(rule.query_name, reads=(*rule.tables, END_OF_INPUT), writes=(ALERTS_TABLE,),
-                    start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
-              for rule in pack.rules]
+    stages = [rule_stage(rule) for rule in pack.rules]
     for path, reason in pack.errors.items():
         stages.append(Stage(query_name(path.stem), reads=(), writes=(ALERTS_TABLE,),
                             start=functools.partial(_start_invalid, path, reason)))

@@ -49,6 +49,12 @@ OPTIONAL_METADATA: tuple[str, ...] = ("keys", "references", "lookups")
 # as rows arrive (counts and sizes at least N), or an early alert could be one the whole window
 # would not raise.
 EMIT_MODES: tuple[str, ...] = ("closed", "crossed")
+# `realtime` (optional, a string): the name of the SQL's CTE whose rows are the events that raise
+# the rule's alert, one row per event, each carrying the rule's keys and event_time. The real-time
+# path (pipelines/realtime.py, `seclake realtime`) runs that CTE over the IDS topic and sends each
+# row's alert id at once. Only for rules whose outer SELECT keeps every group (no WHERE, HAVING
+# or QUALIFY): then one matching event alone raises its window's alert.
+REALTIME_TABLES: tuple[str, ...] = ("enriched_ids_alerts",)
 DEFAULT_KEYS: tuple[str, ...] = ("src_ip", "mac")
 
 # Functions a rule may not call besides the sandbox's escapes (pipelines/sandbox.py), with the reason.
@@ -97,6 +103,7 @@ class Rule:
     references: tuple[str, ...] = ()
     emit: str = "closed"  # see EMIT_MODES
     lookups: tuple[str, ...] = ()  # joined as their current snapshot (LOOKUP_TABLES)
+    realtime_sql: str | None = None  # the `realtime` CTE's rows (`WITH ... SELECT * FROM <cte>`), if declared
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -206,6 +213,7 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
     if unknown_keys:
         raise RuleError(f"keys {unknown_keys} must be output columns of the SELECT other than the window")
     sql = tree.sql(dialect="spark", comments=False)
+    realtime_sql = _realtime_sql(tree, meta, keys) if meta.get("realtime") is not None else None
     emit = meta.get("emit", "closed")
     logic = "\n".join([sql, meta["event_time"], meta.get("watermark") or "", meta["window"], ",".join(keys)])
     if emit != "closed":  # a new output mode needs a new checkpoint
@@ -217,8 +225,32 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
         watermark=meta.get("watermark"), window=meta["window"], keys=keys, columns=columns, sql=sql, emit=emit,
         content_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         logic_hash=hashlib.sha256(logic.encode("utf-8")).hexdigest(),
-        references=tuple(meta.get("references") or ()), lookups=lookups, path=path,
+        references=tuple(meta.get("references") or ()), lookups=lookups, realtime_sql=realtime_sql, path=path,
     )
+
+
+def _realtime_sql(tree: exp.Expression, meta: dict, keys: tuple[str, ...]) -> str:
+    """`WITH <the rule's CTEs> SELECT * FROM <realtime CTE>`: the events that raise the rule's alert."""
+    name = meta["realtime"]
+    if not isinstance(name, str) or not name:
+        raise RuleError(f"realtime must name one of the SQL's CTEs, got {name!r}")
+    if tuple(meta["tables"]) != REALTIME_TABLES or meta.get("lookups"):
+        raise RuleError(f"realtime: the real-time path reads only {', '.join(REALTIME_TABLES)} (the IDS topic), "
+                        f"this rule reads {meta['tables']}")
+    with_ = tree.args.get("with_")
+    ctes = {cte.alias: cte for cte in (with_.expressions if with_ else [])}
+    if with_ is None or name not in ctes:
+        raise RuleError(f"realtime: the SQL has no CTE {name!r} (it has: {', '.join(ctes) or 'none'})")
+    if any(tree.args.get(clause) for clause in ("where", "having", "qualify")):
+        raise RuleError("realtime: the outer SELECT filters its groups (WHERE, HAVING or QUALIFY), so one event "
+                        "alone may not raise the alert; only rules where every matching event does can be real-time")
+    columns = _output_columns(ctes[name].this)
+    missing = [c for c in (*keys, meta["event_time"]) if c not in columns]
+    if missing:
+        raise RuleError(f"realtime: CTE {name!r} must return the rule's keys and event_time; it lacks {missing}")
+    query = exp.select("*").from_(name)
+    query.set("with_", with_.copy())
+    return query.sql(dialect="spark", comments=False)
 
 
 def split_metadata(text: str) -> tuple[dict, str]:
@@ -243,7 +275,7 @@ def split_metadata(text: str) -> tuple[dict, str]:
 
 
 def _check_metadata(meta: dict) -> dict:
-    allowed = (*REQUIRED_METADATA, *OPTIONAL_METADATA, "watermark", "emit")
+    allowed = (*REQUIRED_METADATA, *OPTIONAL_METADATA, "watermark", "emit", "realtime")
     unknown = sorted(set(map(str, meta)) - set(allowed))
     if unknown:
         raise RuleError(f"unknown metadata field(s) {unknown}; allowed: {', '.join(allowed)}")

@@ -20,6 +20,7 @@ event_time: event_time
 window: 10 minutes
 emit: crossed                 # counts only grow: alert as soon as the window qualifies
 keys: [src_ip, mac, signature_id]
+realtime: high_alerts         # each such event raises its alert at once on the real-time path (docs/kafka.md)
 */
 WITH high_alerts AS (
     SELECT

@@ -1,0 +1,111 @@
+"""What a Structured Streaming checkpoint says about its batches, read from its files (no JVM).
+
+Spark writes `offsets/<n>` before batch n runs (line 1 the log version, line 2 the batch's
+metadata such as its watermark, then one offset per source of the plan, in plan order) and
+`commits/<n>` once batch n is committed (the log version, then the watermark the next batch
+uses). Logs may be compacted into `<n>.compact`; `.crc` files are hidden. Local folders and
+object-store prefixes (`as_path`) read the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.objectstore.path import as_path
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of a checkpoint's offset log: its number, metadata and per-source offsets.
+
+    `offsets` holds each source's offset as Spark wrote it (parsed JSON), in plan order; a source
+    used twice in the plan repeats.
+    """
+
+    number: int
+    metadata: dict[str, Any]
+    offsets: list[Any]
+
+
+def numbered(folder: str | os.PathLike) -> dict[int, Path]:
+    """Spark's log files in `folder` by batch number (`7`, `9.compact`).
+
+    >>> numbered("/tmp/no-such-log")
+    {}
+    """
+    found = {}
+    path = as_path(folder)
+    if path.is_dir():
+        for entry in path.iterdir():
+            stem = entry.name.removesuffix(".compact")
+            if stem.isdigit():
+                found[int(stem)] = entry
+    return found
+
+
+def newest(checkpoint: str | os.PathLike, *, committed: bool = False) -> int | None:
+    """The newest batch the checkpoint planned (`offsets/`), or with `committed` the newest it
+    committed (`commits/`); None before its first.
+
+    >>> newest("/tmp/no-such-checkpoint") is None
+    True
+    """
+    return max(numbered(as_path(checkpoint) / ("commits" if committed else "offsets")), default=None)
+
+
+def read_batch(checkpoint: str | os.PathLike, number: int) -> Batch:
+    """Batch `number` of the checkpoint's offset log; ValueError naming the file when it is
+    missing or not Spark's format.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = Path(tmp, "offsets").mkdir()
+    ...     _ = Path(tmp, "offsets", "3").write_text('v1\\n{"batchWatermarkMs":5}\\n{"zeek.dns":{"0":42}}\\n1')
+    ...     read_batch(tmp, 3)
+    Batch(number=3, metadata={'batchWatermarkMs': 5}, offsets=[{'zeek.dns': {'0': 42}}, 1])
+    """
+    path = as_path(checkpoint) / "offsets" / str(number)
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return Batch(number, json.loads(lines[1]), [json.loads(line) for line in lines[2:]])
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such batch in the checkpoint") from None
+    except (IndexError, ValueError) as exc:
+        raise ValueError(f"{path}: not a Spark offset log ({exc})") from None
+
+
+def next_watermark_ms(checkpoint: str | os.PathLike, number: int) -> int:
+    """The watermark (ms) committed batch `number` hands to the next batch (0 when none is set)."""
+    lines = (as_path(checkpoint) / "commits" / str(number)).read_text().splitlines()
+    return int(json.loads(lines[1]).get("nextBatchWatermarkMs", 0)) if len(lines) > 1 else 0
+
+
+def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
+    """Every file the checkpoint's file sources have planned into a batch -> that batch's number,
+    as the URIs Spark records (`file:///...`), from `sources/<n>/`: the newest `<b>.compact` (it
+    repeats all before it) and each batch file after it.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     log = Path(tmp, "sources", "0"); log.mkdir(parents=True)
+    ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1,"batchId":3}')
+    ...     _ = (log / "10").write_text('v1\\n{"path":"file:///l/b","timestamp":2,"batchId":10}')
+    ...     _ = (log / "4").write_text('v1\\n{"path":"file:///l/gone","timestamp":1,"batchId":4}')
+    ...     source_files(tmp)
+    {'file:///l/a': 3, 'file:///l/b': 10}
+    """
+    found: dict[str, int] = {}
+    sources = as_path(checkpoint) / "sources"
+    for source in sources.iterdir() if sources.is_dir() else ():
+        files = numbered(source)
+        compacted = [n for n, path in files.items() if path.name.endswith(".compact")]
+        start = max(compacted, default=-1)
+        for number in sorted(n for n in files if n >= start):
+            for line in files[number].read_text().splitlines()[1:]:
+                if line.strip():
+                    entry = json.loads(line)
+                    found[entry["path"]] = int(entry["batchId"])
+    return found

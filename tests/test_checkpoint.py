@@ -1,0 +1,82 @@
+"""pipelines.checkpoint: a streaming checkpoint's batches read from its files, without Spark."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.checkpoint import newest, next_watermark_ms, numbered, read_batch
+
+
+def checkpoint(root: Path, planned: int, committed: int) -> Path:
+    """A checkpoint laid out as Spark writes it: batches 0..planned in offsets/, 0..committed in commits/."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    for n in range(planned + 1):
+        metadata = f'{{"batchWatermarkMs":{n * 10},"batchTimestampMs":1}}'
+        (root / "offsets" / str(n)).write_text(f'v1\n{metadata}\n{{"logOffset":{n}}}\n{{"zeek.dns":{{"0":{n}}}}}')
+        (root / "offsets" / f".{n}.crc").write_text("x")
+    for n in range(committed + 1):
+        (root / "commits" / str(n)).write_text(f'v1\n{{"nextBatchWatermarkMs":{n * 10 + 5}}}')
+    return root
+
+
+def test_newest_planned_and_committed_batches_ignore_crc_files(tmp_path):
+    cp = checkpoint(tmp_path / "cp", planned=11, committed=10)
+    assert newest(cp) == 11
+    assert newest(cp, committed=True) == 10
+    assert sorted(numbered(cp / "offsets")) == list(range(12))
+    assert newest(tmp_path / "empty") is None and newest(tmp_path / "empty", committed=True) is None
+
+
+def test_read_batch_gives_metadata_and_offsets_in_plan_order(tmp_path):
+    cp = checkpoint(tmp_path / "cp", planned=3, committed=2)
+    batch = read_batch(cp, 3)
+    assert (batch.number, batch.metadata["batchWatermarkMs"]) == (3, 30)
+    assert batch.offsets == [{"logOffset": 3}, {"zeek.dns": {"0": 3}}]
+    assert next_watermark_ms(cp, 2) == 25
+
+
+def test_compacted_logs_are_numbered_by_their_batch(tmp_path):
+    folder = tmp_path / "sources" / "0"
+    folder.mkdir(parents=True)
+    for name in ("8", "9.compact", "10", ".10.crc", "metadata"):
+        (folder / name).write_text("v1")
+    assert {n: p.name for n, p in numbered(folder).items()} == {8: "8", 9: "9.compact", 10: "10"}
+
+
+@pytest.mark.parametrize("text", ["v1", 'v1\n{"batchWatermarkMs":0}\nnot json'])
+def test_a_damaged_offset_file_is_named(tmp_path, text):
+    cp = checkpoint(tmp_path / "cp", planned=0, committed=0)
+    (cp / "offsets" / "0").write_text(text)
+    with pytest.raises(ValueError, match=r"offsets/0: not a Spark offset log"):
+        read_batch(cp, 0)
+    with pytest.raises(ValueError, match=r"offsets/7: no such batch"):
+        read_batch(cp, 7)
+
+
+def test_the_etl_is_idle_only_when_a_committed_batch_read_every_landing_file(tmp_path):
+    from pipelines import etl
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    zeek = lake.home.landing / "zeek"
+    (zeek / "2026-11-20").mkdir(parents=True)
+    first, second = zeek / "dns a.log", zeek / "2026-11-20" / "conn.log"
+    for path in (first, second, zeek / ".conn.log.tmp", zeek / "_SUCCESS"):
+        path.write_text("x")
+    cp = checkpoint(lake.home.checkpoint(etl.QUERY_NAME), planned=1, committed=0)
+    (cp / "sources" / "0").mkdir(parents=True)
+    # What Spark writes: URIs, a space encoded; batch 1 planned, not committed.
+    for batch, path in ((0, first), (1, second)):
+        uri = path.as_uri()
+        (cp / "sources" / "0" / str(batch)).write_text(f'v1\n{{"path":"{uri}","timestamp":1,"batchId":{batch}}}')
+    assert "%20" in first.as_uri()
+    assert etl.processed_files(lake) == {str(first)}
+    assert not etl.idle(lake)  # batch 1 may replay: its file is not processed yet
+    (cp / "commits" / "1").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    assert etl.processed_files(lake) == {str(first), str(second)}
+    assert etl.idle(lake)  # the temp files are not input
+    (zeek / "dns b.log").write_text("x")
+    assert not etl.idle(lake)
