@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pipelines import environment
 from pipelines.checkpoint import newest, source_files
 from pipelines.lake.registry import Lake
+from pipelines.lake.sink import DeltaSink, write_all
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
 from pipelines.query import BatchStats, RunningQuery, Stage, start_query
@@ -200,20 +201,21 @@ class EtlWriter:
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
-            # What went in, in its own units: Spark's numInputRows counts whole files, and each file
-            # once per source branch that scans it. (A file of header lines only has no row here.)
-            [read] = parsed.agg(F.count_distinct("file").alias("files"), F.count(F.lit(1)).alias("lines")).collect()
-            stats.read = {"files": read["files"], "data lines": read["lines"]}
-            quarantine = to_quarantine(parsed).withColumns(ingest)
-            stats.record(self.sinks["quarantine"].write_batch(quarantine, batch_id))
-            for source in self.sources:
-                bronze = to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest)
-                stats.record(self.sinks[source.bronze_table].write_batch(bronze, batch_id))
+            stats.read, bounds = self._survey(parsed)
             fresh = parsed.where(~F.col("_repeat"))
-            bounds = self._bounds(fresh)
-            for table in SILVER_SCHEMAS:
-                rows = self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
-                stats.record(self.sinks[table].write_batch(rows, batch_id))
+
+            def bronze(source: str) -> DataFrame:
+                return to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
+
+            def silver(table: str) -> DataFrame:
+                return self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
+
+            writes: dict[DeltaSink, Callable[[], DataFrame]] = {
+                self.sinks["quarantine"]: lambda: to_quarantine(parsed).withColumns(ingest)}
+            writes.update({self.sinks[s.bronze_table]: partial(bronze, s.name) for s in self.sources})
+            writes.update({self.sinks[table]: partial(silver, table) for table in SILVER_SCHEMAS})
+            for result in write_all(spark, writes, batch_id):
+                stats.record(result)
         finally:
             parsed.unpersist()
         self.history.append(stats)
@@ -222,17 +224,26 @@ class EtlWriter:
         """Nothing to release: every batch's commits are complete when the batch ends."""
 
     @staticmethod
-    def _bounds(parsed: DataFrame) -> dict[str, tuple[datetime, datetime]]:
-        """Per silver table, the batch's earliest and latest good event time (one aggregation for all)."""
-        rows = (parsed.where(F.col("error").isNull()).groupBy("source", "kind")
-                .agg(F.min("event_time").alias("lo"), F.max("event_time").alias("hi")).collect())
-        by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows}
+    def _survey(parsed: DataFrame) -> tuple[dict[str, int], dict[str, tuple[datetime, datetime]]]:
+        """One job over the cached batch: what went in (files, data lines) and, per silver table,
+        the earliest and latest time of its good, first-seen events (the de-duplication's range).
+
+        Files and lines in their own units: Spark's numInputRows counts whole files, and each file
+        once per source branch that scans it. (A file of header lines only has no row here.)
+        """
+        good = F.col("error").isNull() & ~F.col("_repeat")
+        rows = (parsed.groupBy("source", "kind")
+                .agg(F.collect_set("file").alias("files"), F.count(F.lit(1)).alias("lines"),
+                     F.min(F.when(good, F.col("event_time"))).alias("lo"),
+                     F.max(F.when(good, F.col("event_time"))).alias("hi")).collect())
+        read = {"files": len({f for r in rows for f in r.files}), "data lines": sum(r.lines for r in rows)}
+        by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows if r.lo is not None}
         bounds = {}
         for table in SILVER_SCHEMAS:
             spans = [by_kind[f] for f in silver_feeds(table) if f in by_kind]
             if spans:
                 bounds[table] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
-        return bounds
+        return read, bounds
 
     def _unseen(self, spark: SparkSession, table: str, rows: DataFrame,
                 bounds: tuple[datetime, datetime] | None) -> DataFrame:
