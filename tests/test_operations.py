@@ -131,7 +131,10 @@ def test_retention_dry_run_counts_and_keeps(spark, tmp_path):
     old = lake.home.landing / "zeek" / "dns.log"
     old.write_text("x")
     os.utime(old, (0, 0))  # 1970: older than any retention, but the ETL never read it
+    temp = lake.home.landing / "zeek" / ".dns.log.part"  # a sensor's file before its rename: not input
+    temp.write_text("x")
+    os.utime(temp, (0, 0))
     steps = {s.target: s for s in apply_retention(spark, lake, Settings(), dry_run=True, today=date(2026, 1, 1))}
     assert steps["silver_dns"].removed == 0 and str(steps["silver_dns"].cutoff) == "2025-01-01"
-    assert steps["landing"].removed == 0 and "not yet processed" in steps["landing"].line(True)
+    assert steps["landing"].removed == 0 and "(1 older but not yet processed" in steps["landing"].line(True)
     assert old.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.etl import processed_files
+from pipelines.etl import landing_paths, processed_files
 from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
 
@@ -71,7 +71,8 @@ def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings =
         return steps
     limit = datetime.combine(landing_cut, datetime.min.time(), timezone.utc).timestamp()
     processed = {Path(p).resolve() for p in processed_files(lake)}
-    old_files = [p for p in lake.home.landing.rglob("*") if p.is_file() and p.stat().st_mtime < limit]
+    # What the ETL lists (`landing_paths`): a sensor's temp file is neither input nor "waiting".
+    old_files = [p for p in map(Path, landing_paths(lake)) if p.stat().st_mtime < limit]
     ready = [p for p in old_files if p.resolve() in processed]
     if not dry_run:
         for path in ready:
