@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
-from functools import partial, reduce
+from functools import reduce
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -26,7 +26,6 @@ from pyspark.sql import functions as F
 from pipelines import environment
 from pipelines.checkpoint import newest, source_files
 from pipelines.lake.registry import Lake
-from pipelines.lake.sink import DeltaSink, write_all
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
 from pipelines.query import BatchStats, RunningQuery, Stage, start_query
@@ -202,20 +201,15 @@ class EtlWriter:
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
             stats.read, bounds = self._survey(parsed)
+            quarantine = to_quarantine(parsed).withColumns(ingest)
+            stats.record(self.sinks["quarantine"].write_batch(quarantine, batch_id))
+            for source in self.sources:
+                bronze = to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest)
+                stats.record(self.sinks[source.bronze_table].write_batch(bronze, batch_id))
             fresh = parsed.where(~F.col("_repeat"))
-
-            def bronze(source: str) -> DataFrame:
-                return to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
-
-            def silver(table: str) -> DataFrame:
-                return self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
-
-            writes: dict[DeltaSink, Callable[[], DataFrame]] = {
-                self.sinks["quarantine"]: lambda: to_quarantine(parsed).withColumns(ingest)}
-            writes.update({self.sinks[s.bronze_table]: partial(bronze, s.name) for s in self.sources})
-            writes.update({self.sinks[table]: partial(silver, table) for table in SILVER_SCHEMAS})
-            for result in write_all(spark, writes, batch_id):
-                stats.record(result)
+            for table in SILVER_SCHEMAS:
+                rows = self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
+                stats.record(self.sinks[table].write_batch(rows, batch_id))
         finally:
             parsed.unpersist()
         self.history.append(stats)

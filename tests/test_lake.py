@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 from pipelines.lake.log import commits, summary
 from pipelines.lake.read import is_table, read_table
 from pipelines.lake.schema import SchemaMismatchError
-from pipelines.lake.sink import DeltaSink, create_empty, table_uri, write_all
+from pipelines.lake.sink import DeltaSink, create_empty, table_uri
 
 # Every Spark type the product's tables use.
 ALL_TYPES = StructType([
@@ -108,29 +108,6 @@ def test_replayed_batch_commits_nothing(spark, tmp_path):
     # Another app id is its own sequence: its batch 0 lands.
     assert _sink(table, app_id="other").write_batch(frame, 0).version == 2
     assert read_table(spark, table).count() == 30
-
-
-def test_write_all_commits_each_table_once_and_raises_the_first_failure_after_the_others(spark, tmp_path):
-    sinks = [_sink(tmp_path / name, app_id="etl") for name in ("a", "b", "c")]
-    results = write_all(spark, {sink: (lambda n=n: _frame(spark, n)) for n, sink in enumerate(sinks, 1)}, 0)
-    assert [(r.table, r.version, r.rows) for r in results] == [("a", 0, 1), ("b", 0, 2), ("c", 0, 3)]
-
-    def broken(message: str):
-        raise ValueError(message)
-
-    # Batch 1: b and c fail, a commits; the failure raised is b's (the first in order), and c's
-    # write had ended by then (its builder ran, nothing of it is left running).
-    ran = []
-    writes = {sinks[0]: lambda: _frame(spark, 4), sinks[1]: lambda: broken("b is broken"),
-              sinks[2]: lambda: ran.append("c") or broken("c is broken")}
-    with pytest.raises(ValueError, match="b is broken"):
-        write_all(spark, writes, 1)
-    assert ran == ["c"]
-    assert [read_table(spark, tmp_path / n).count() for n in ("a", "b", "c")] == [5, 2, 3]
-    # The batch's replay skips the table that committed and lands the others once.
-    replay = write_all(spark, {sink: (lambda: _frame(spark, 4)) for sink in sinks}, 1)
-    assert [(r.table, r.skipped) for r in replay] == [("a", True), ("b", False), ("c", False)]
-    assert [read_table(spark, tmp_path / n).count() for n in ("a", "b", "c")] == [5, 6, 7]
 
 
 def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):

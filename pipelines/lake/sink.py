@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
-from pyspark.util import inheritable_thread_target
 
 from pipelines.lake.schema import SchemaMismatchError, as_nullable
 
@@ -86,24 +84,6 @@ class DeltaSink:
         if ours is None:
             return CommitResult(self.name, batch_id, None, skipped=True)
         return CommitResult(self.name, batch_id, *ours)
-
-
-def write_all(spark: SparkSession, writes: Mapping[DeltaSink, Callable[[], DataFrame]],
-              batch_id: int) -> list[CommitResult]:
-    """Batch `batch_id` of several tables, all at once: each sink appends what its callable builds.
-
-    A write is a Spark job, then a commit that the driver spends listing, reading and writing the
-    log; one after the other, the cores idle through every commit. Every table keeps its own txn,
-    so a write that fails leaves the others committed and the batch's replay skips them. When
-    writes fail, the first failure in `writes`' order is raised once every write has ended: no
-    write outlives the batch. Each thread inherits the calling thread's Spark properties and tags
-    (the stream's job group: stopping the query cancels its writes).
-    """
-    with ThreadPoolExecutor(max_workers=max(1, len(writes)), thread_name_prefix="delta-write") as pool:
-        futures = [pool.submit(inheritable_thread_target(spark)(lambda s=sink, b=build: s.write_batch(b(), batch_id)))
-                   for sink, build in writes.items()]
-        wait(futures)
-    return [future.result() for future in futures]
 
 
 def _find_commit(spark: SparkSession, uri: str, tag: str) -> tuple[int, int] | None:
