@@ -2,8 +2,8 @@
 
 One query (`etl`, checkpoint `checkpoints/etl`) reads `landing/<source>/` of every registered
 source (`pipelines/parsers/sources.py`) with Spark's file source and, per micro-batch, commits every
-table it writes with the same txn(app_id="etl", batch_id): good rows, quarantined rows and raw
-lines of one batch land together or, after a crash, are replayed together.
+table the batch has rows for with the same txn(app_id="etl", batch_id): good rows, quarantined rows
+and raw lines of one batch land together or, after a crash, are replayed together.
 
 When `$SECLAKE_KAFKA` is set, a second query (`etl_kafka`, its own checkpoint and app id) reads
 the sensors' topics (`<source>.<kind>`, as `seclake ship` writes them) into the same tables with
@@ -15,6 +15,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
 from pathlib import Path
@@ -182,15 +183,26 @@ def parse_files(files: DataFrame) -> DataFrame:
     return reduce(DataFrame.unionByName, frames)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What `EtlWriter._survey` found in one micro-batch: input counts, the tables that get rows,
+    and the de-duplication range (earliest, latest event time) per silver table."""
+
+    read: dict[str, int]
+    tables: set[str]
+    bounds: dict[str, tuple[datetime, datetime]]
+
+
 class EtlWriter:
-    """The `foreachBatch` function of the ETL query (`start`): one parsed micro-batch -> every ETL table,
-    all committed with txn(app_id="etl", batch_id)."""
+    """The `foreachBatch` function of the ETL query (`start`): one parsed micro-batch -> every ETL table
+    it has rows for, each committed with txn(app_id="etl", batch_id)."""
 
     def __init__(self, lake: Lake, app_id: str = QUERY_NAME) -> None:
         self.lake = lake
         self.sources = sources()
         self.sinks = {name: lake.sink(name, app_id=app_id) for name in etl_tables()}
         self.history: list[BatchStats] = []
+        self._existing: set[str] = set()
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
         spark = lines.sparkSession
@@ -200,16 +212,23 @@ class EtlWriter:
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
         parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
         try:
-            stats.read, bounds = self._survey(parsed)
-            quarantine = to_quarantine(parsed).withColumns(ingest)
-            stats.record(self.sinks["quarantine"].write_batch(quarantine, batch_id))
+            survey = self._survey(parsed)
+            stats.read = survey.read
+
+            def write(table: str, rows: DataFrame) -> None:
+                # A table with no row in this batch gets no commit: an empty append costs a Delta
+                # txn look-up (~0.6 s) and a micro-batch of every query reading the table. The
+                # survey decides from the batch alone, so a replay skips the same tables.
+                if table not in survey.tables and self._exists(table):
+                    return
+                stats.record(self.sinks[table].write_batch(rows, batch_id))
+
+            write("quarantine", to_quarantine(parsed).withColumns(ingest))
             for source in self.sources:
-                bronze = to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest)
-                stats.record(self.sinks[source.bronze_table].write_batch(bronze, batch_id))
+                write(source.bronze_table, to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest))
             fresh = parsed.where(~F.col("_repeat"))
             for table in SILVER_SCHEMAS:
-                rows = self._unseen(spark, table, to_silver(fresh, table), bounds.get(table))
-                stats.record(self.sinks[table].write_batch(rows, batch_id))
+                write(table, self._unseen(spark, table, to_silver(fresh, table), survey.bounds.get(table)))
         finally:
             parsed.unpersist()
         self.history.append(stats)
@@ -217,10 +236,16 @@ class EtlWriter:
     def close(self) -> None:
         """Nothing to release: every batch's commits are complete when the batch ends."""
 
-    @staticmethod
-    def _survey(parsed: DataFrame) -> tuple[dict[str, int], dict[str, tuple[datetime, datetime]]]:
-        """One job over the cached batch: what went in (files, data lines) and, per silver table,
-        the earliest and latest time of its good, first-seen events (the de-duplication's range).
+    def _exists(self, table: str) -> bool:
+        """Whether `table` exists; remembered once true (tables are not dropped under a running query)."""
+        if table not in self._existing and self.lake.exists(table):
+            self._existing.add(table)
+        return table in self._existing
+
+    def _survey(self, parsed: DataFrame) -> "Survey":
+        """One job over the cached batch: what went in (files, data lines), which tables get rows,
+        and per silver table the earliest and latest time of its good, first-seen events (the
+        de-duplication's range).
 
         Files and lines in their own units: Spark's numInputRows counts whole files, and each file
         once per source branch that scans it. (A file of header lines only has no row here.)
@@ -228,16 +253,21 @@ class EtlWriter:
         good = F.col("error").isNull() & ~F.col("_repeat")
         rows = (parsed.groupBy("source", "kind")
                 .agg(F.collect_set("file").alias("files"), F.count(F.lit(1)).alias("lines"),
+                     F.count(F.when(F.col("error").isNotNull(), 1)).alias("bad"),
                      F.min(F.when(good, F.col("event_time"))).alias("lo"),
                      F.max(F.when(good, F.col("event_time"))).alias("hi")).collect())
         read = {"files": len({f for r in rows for f in r.files}), "data lines": sum(r.lines for r in rows)}
+        tables = {s.bronze_table for s in self.sources if any(r.source == s.name for r in rows)}
+        if any(r.bad for r in rows):
+            tables.add("quarantine")
         by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows if r.lo is not None}
         bounds = {}
         for table in SILVER_SCHEMAS:
             spans = [by_kind[f] for f in silver_feeds(table) if f in by_kind]
             if spans:
                 bounds[table] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
-        return read, bounds
+                tables.add(table)
+        return Survey(read, tables, bounds)
 
     def _unseen(self, spark: SparkSession, table: str, rows: DataFrame,
                 bounds: tuple[datetime, datetime] | None) -> DataFrame:

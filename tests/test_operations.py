@@ -11,10 +11,12 @@ from datetime import date
 import pytest
 from pyspark.sql import functions as F
 
+from pipelines.checkpoint import newest
 from pipelines.home import Home
 from pipelines.jobs import run_once
+from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
-from pipelines.operations.rollback import plan_rollback, rewind_checkpoint, rollback
+from pipelines.operations.rollback import _kept_batch, plan_rollback, rewind_checkpoint, rollback
 from pipelines.operations.running import marker_path, running_stream
 from pipelines.settings import Settings
 from pipelines.stages import stages
@@ -44,12 +46,16 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     shutil.rmtree(home.root)
     lake = Lake(moved)
 
-    # The bad deploy: an ETL batch that wrote wrong rows into silver_dns (as a parser bug would),
-    # committed under the ETL's writer id, then read by enriched_dns and the DNS rules.
+    # The bad deploy: the ETL's last batch wrote wrong rows into silver_dns (as a parser bug would),
+    # committed under the ETL's writer id, then read by enriched_dns and the DNS rules. That batch
+    # held no DNS (two files per batch), so silver_dns has no commit of it yet.
+    last = newest(lake.home.checkpoint("etl"), committed=True)
+    dns_batches = [c["batch_id"] for c in commits(lake.path("silver_dns")) if c["app_id"] == "etl"]
+    assert last is not None and max(dns_batches) < last
     wrong = (lake.read(spark, "silver_dns").limit(40)
              .withColumn("event_id", F.concat(F.lit("bad-"), F.col("event_id")))
              .withColumn("query", F.lit("x" * 60 + ".evil.example")))
-    lake.sink("silver_dns", app_id="etl").write_batch(wrong, 1000)
+    lake.sink("silver_dns", app_id="etl").write_batch(wrong, last)
     downstream = [s.name for s in stages() if "silver_dns" in s.reads or "enriched_dns" in s.reads]
     run_once(spark, lake, SETTINGS, only=downstream)
     assert lake.read(spark, "silver_dns").count() == clean["silver_dns"] + 40
@@ -57,7 +63,7 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     versions = {n: lake.read(spark, n).count() for n in ("silver_dns",)}
     plan = rollback(None, lake, "silver_dns", 0, cascade=True, dry_run=True)
     text = "\n".join(plan.lines())
-    assert "checkpoint etl" in text and "rewind to batch 0" in text and "enriched_dns" in text
+    assert "checkpoint etl" in text and f"rewind to batch {last - 1}" in text and "enriched_dns" in text
     assert {n: lake.read(spark, n).count() for n in ("silver_dns",)} == versions  # the dry run changed nothing
 
     rollback(spark, lake, "silver_dns", 0, cascade=True)
@@ -68,6 +74,16 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     alerts = lake.read(spark, "alerts")
     assert sorted(r.alert_id for r in alerts.select("alert_id").collect()) == clean_alerts
     assert alerts.select("alert_id").distinct().count() == alerts.count()
+
+
+def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():
+    # The ETL commits nothing to a table its batch has no row for: version 1 holds batches 0-2.
+    history = [{"version": v, "operation": "WRITE", "app_id": "etl", "batch_id": b}
+               for v, b in ((0, 0), (1, 1), (2, 3), (3, 4))]
+    assert _kept_batch(history, "etl", 0) == 0
+    assert _kept_batch(history, "etl", 1) == 2
+    assert _kept_batch(history, "etl", 3) is None  # nothing appended after it: nothing to rewind
+    assert _kept_batch(history, "other", 1) is None
 
 
 def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):

@@ -3,7 +3,8 @@
 The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what):
 
 - The stage that writes TABLE is *rewound*: TABLE goes back to version N; B is the last batch of
-  that stage inside version N (the Delta txn of each commit names the stage and batch); the stage's
+  that stage inside version N (the Delta txn of each commit names the stage and batch; a batch with
+  no row for TABLE commits nothing there, so B runs up to the stage's next append); the stage's
   other tables go back to their last version holding batches <= B; its checkpoint is cut back to
   batch B (offsets, commits and file-source logs after B are removed), so the next run re-reads
   exactly what came after B. The ETL's seven tables therefore always move together. A stage that
@@ -107,6 +108,15 @@ def _last_batch(history: list[dict[str, Any]], app_id: str, upto: int | None) ->
                 if c["version"] <= upto and c["operation"] == WRITE and c["app_id"] == app_id), default=-1)
 
 
+def _kept_batch(history: list[dict[str, Any]], app_id: str, version: int) -> int | None:
+    """The last batch of `app_id` that version `version` holds: up to the batch before the stage's next
+    append (the ETL commits nothing to a table its batch has no row for), or None when the stage
+    appended nothing after `version`."""
+    later = [c["batch_id"] for c in history if c["version"] > version and c["operation"] == WRITE
+             and c["app_id"] == app_id and c["batch_id"] is not None]
+    return max(_last_batch(history, app_id, version), min(later) - 1) if later else None
+
+
 def _before_batch(history: list[dict[str, Any]], app_id: str, batch: int) -> int | None:
     """The last version before `app_id`'s first append of a batch above `batch`: the table's current
     version when there is none, None when it is version 0 (nothing before it to restore)."""
@@ -175,25 +185,28 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
             raise ValueError(f"{table} is written by {len(writers)} stages ({', '.join(s.name for s in writers)}): "
                              "roll back the table they read instead, with --cascade")
         writer = writers[0]
-        batch = _last_batch(history(table), writer.name, version)
+        batch = _kept_batch(history(table), writer.name, version)
         checkpoint = lake.home.checkpoint(writer.name)
-        if batch >= 0 and (checkpoint / "state").is_dir():
+        if batch is None:  # the stage appended nothing after it: its checkpoint and other tables stay
+            targets[table], reasons[table] = version, "requested"
+        elif batch >= 0 and (checkpoint / "state").is_dir():
             first = _before_batch(history(table), writer.name, -1)
             allowed = (f"version {first} or earlier (before that stage's first batch)" if first is not None
                        else "nothing (its version 0 is that stage's first batch)")
             raise ValueError(f"{table} is written by {writer.name}, whose checkpoint holds streaming state that "
                              f"cannot be rewound: it can be rolled back to {allowed}, "
                              f"or roll back {', '.join(writer.reads)} with --cascade")
-        for name in writer.writes:
-            if lake.exists(name):
-                targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
-                reasons[name] = "requested" if name == table else f"{writer.name} batches <= {batch}"
-        if checkpoint.is_dir():
-            if batch < 0:
-                resets[writer.name] = f"nothing of {writer.name} is kept"
-            elif (last := newest(checkpoint)) is not None and last > batch:
-                plan.checkpoints.append(CheckpointStep(writer.name, checkpoint, batch,
-                                                       f"{table} version {version} holds its batches <= {batch}"))
+        else:
+            for name in writer.writes:
+                if lake.exists(name):
+                    targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
+                    reasons[name] = "requested" if name == table else f"{writer.name} batches <= {batch}"
+            if checkpoint.is_dir():
+                if batch < 0:
+                    resets[writer.name] = f"nothing of {writer.name} is kept"
+                elif (last := newest(checkpoint)) is not None and last > batch:
+                    plan.checkpoints.append(CheckpointStep(writer.name, checkpoint, batch,
+                                                           f"{table} version {version} holds its batches <= {batch}"))
 
     def changed() -> set[str]:
         return {t for t, v in targets.items() if v != history(t)[-1]["version"]}
