@@ -96,11 +96,16 @@ class AlertWriter:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         alerts = fresh = None
+        result = None
         try:
             alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
-            fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
-            total, new = alerts.count(), fresh.count()
-            result = self.sink.write_batch(fresh, batch_id)
+            total = new = alerts.count()
+            # Most batches raise nothing: no look-up in alerts and no commit then (an empty append
+            # costs a Delta txn look-up; a replay of the batch is empty too).
+            if total:
+                fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
+                new = fresh.count()
+                result = self.sink.write_batch(fresh, batch_id)
         except Exception as exc:
             # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
             self.error = f"batch {batch_id}: {_first_line(exc)}"
@@ -110,7 +115,8 @@ class AlertWriter:
                 if frame is not None:
                     frame.unpersist()
         stats = BatchStats(batch_id, already_known=total - new)
-        stats.record(result)
+        if result is not None:
+            stats.record(result)
         self.history.append(stats)
         health = self.status.get(self.rule.slug, self.content_hash)
         if health.failures:
