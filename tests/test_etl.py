@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pipelines import etl
 from pipelines.home import Home
 from pipelines.jobs import run_once
+from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
 
@@ -95,6 +96,10 @@ def test_rerun_adds_nothing_and_new_files_are_picked_up(spark, sample_run):
     assert not etl.idle(lake)
     assert run_once(spark, lake, Settings(), only=["etl"])[0].batches == 1
     assert _count(spark, lake, "silver_dns") == before["silver_dns"]
+    # That batch (id 2) had Zeek DNS lines only: the tables it has no row for got no commit.
+    newest = {t: commits(lake.path(t), limit=1)[0]["batch_id"]
+              for t in ("bronze_zeek", "bronze_suricata", "silver_conn")}
+    assert newest["bronze_zeek"] == 2 and newest["bronze_suricata"] < 2 and newest["silver_conn"] < 2, newest
     assert etl.idle(lake)
 
 
