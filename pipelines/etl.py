@@ -242,7 +242,7 @@ class EtlWriter:
             self._existing.add(table)
         return table in self._existing
 
-    def _survey(self, parsed: DataFrame) -> "Survey":
+    def _survey(self, parsed: DataFrame) -> Survey:
         """One job over the cached batch: what went in (files, data lines), which tables get rows,
         and per silver table the earliest and latest time of its good, first-seen events (the
         de-duplication's range).
