@@ -1148,8 +1148,9 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
     drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
-    # Known gap (docs/rules.md, "Late events"): with a backlog, an enriched batch hands the rules the
-    # attributed rows of the whole backlog one batch before the unattributed rows of the same hours
+    # Known gap (docs/rules.md, "a stream catching up on a backlog"): with a backlog, an enriched
+    # batch hands the rules the attributed rows of the whole backlog one batch before the
+    # unattributed rows of the same hours
     # (those leave the join only when its watermark passes them); a rule that reads the first batch
     # alone moves its watermark past the second one's rows and drops them. The documented re-run
     # (`seclake rules backtest RULE --write`) restores those alerts: only alerts of unattributed
