@@ -82,8 +82,12 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
     100 batches): a writer asks after each batch for the ones before it, and once more when the
     query ends. Batches that ran just before a crash are not reported (their rows stay in their table).
     """
+    newest = query.lastProgress
+    if newest is None or newest.batchId <= after:
+        return [], after
+    # Usually one batch is new: no need to fetch and parse the last 100 progress reports.
     found, last = [], after
-    for progress in query.recentProgress:
+    for progress in [newest] if newest.batchId == after + 1 else query.recentProgress:
         if progress.batchId <= after:
             continue
         last = max(last, progress.batchId)
