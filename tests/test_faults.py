@@ -134,7 +134,7 @@ def row_keys(path: Path, name: str) -> collections.Counter:
         # A Kafka message's file is its topic and partition (kafka://zeek.dns/0): kept whole.
         files = (f if f.startswith("kafka://") else f.rsplit("/", 1)[-1] for f in cols["file"])
         return collections.Counter(zip(files, cols["line_number"]))
-    if "rule_id" in schema_names:
+    if {"alert_id", "rule_id"} <= set(schema_names):
         cols = read_columns(path, ["alert_id", "rule_id"])
         return collections.Counter(a for a, r in zip(cols["alert_id"], cols["rule_id"])
                                    if not (r or "").startswith("seclake."))
