@@ -36,7 +36,16 @@ from pipelines import end_of_input
 from pipelines.end_of_input import END_OF_INPUT, mark_input, read_marks, with_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
-from pipelines.query import AVAILABLE_NOW, BatchStats, DoneWriter, RunningQuery, Stage, StoppedQuery, start_query
+from pipelines.query import (
+    AVAILABLE_NOW,
+    BatchStats,
+    DoneWriter,
+    RunningQuery,
+    Stage,
+    StoppedQuery,
+    late_batches,
+    start_query,
+)
 from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
@@ -493,20 +502,11 @@ class AttributionWriter:
     def _record_late(self, stats: BatchStats) -> None:
         if self.query is None:
             return
-        now = datetime.now(timezone.utc)
-        late, last = [], self._recorded
-        for progress in self.query.recentProgress:
-            if progress.batchId <= self._recorded:
-                continue
-            last = max(last, progress.batchId)
-            dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
-            if dropped:
-                watermark = progress.eventTime.get("watermark")
-                late.append((self.query_name, progress.batchId,
-                             datetime.fromisoformat(watermark.replace("Z", "+00:00")) if watermark else None,
-                             dropped, now))
+        late, last = late_batches(self.query, self._recorded)
         if late:
-            stats.record(self.late_sink.write_batch(self.spark.createDataFrame(late, LATE_EVENTS_SCHEMA), last))
+            now = datetime.now(timezone.utc)
+            rows = [(self.query_name, b.batch_id, b.watermark, b.rows, now) for b in late]
+            stats.record(self.late_sink.write_batch(self.spark.createDataFrame(rows, LATE_EVENTS_SCHEMA), last))
         self._recorded = last
 
 

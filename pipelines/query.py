@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,6 +64,39 @@ class BatchStats:
         elif result.version is not None:
             self.rows[result.table] = self.rows.get(result.table, 0) + result.rows
             self.versions[result.table] = result.version
+
+
+@dataclass(frozen=True)
+class LateBatch:
+    """A finished micro-batch whose watermark dropped `rows` input rows older than `watermark`."""
+
+    batch_id: int
+    watermark: datetime | None
+    rows: int
+
+
+def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], int]:
+    """The batches after batch `after` whose watermark dropped rows, and the newest batch id seen.
+
+    Drops are known only from a finished batch's progress, which Spark keeps in memory (the last
+    100 batches): a writer asks after each batch for the ones before it, and once more when the
+    query ends. Batches that ran just before a crash are not reported (their rows stay in their table).
+    """
+    newest = query.lastProgress
+    if newest is None or newest.batchId <= after:
+        return [], after
+    # Usually one batch is new: no need to fetch and parse the last 100 progress reports.
+    found, last = [], after
+    for progress in [newest] if newest.batchId == after + 1 else query.recentProgress:
+        if progress.batchId <= after:
+            continue
+        last = max(last, progress.batchId)
+        dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        if dropped:
+            mark = progress.eventTime.get("watermark")
+            found.append(LateBatch(progress.batchId,
+                                   datetime.fromisoformat(mark.replace("Z", "+00:00")) if mark else None, dropped))
+    return found, last
 
 
 class BatchWriter(Protocol):

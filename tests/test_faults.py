@@ -125,7 +125,8 @@ def read_columns(path: Path, columns: list[str]) -> dict[str, list]:
 
 def row_keys(path: Path, name: str) -> collections.Counter:
     """The multiset of each row's identity: event_id for silver/enriched, (file name, line) for
-    bronze and quarantine (the home folder differs between runs), alert_id for alerts,
+    bronze and quarantine (the home folder differs between runs), alert_id for alerts (the
+    detections: platform alerts, `seclake.*`, are notices about one run, e.g. a rule's late rows),
     the whole row otherwise."""
     schema_names = delta(path).schema().to_arrow().names
     if name.startswith(("bronze_", "quarantine")):
@@ -133,6 +134,10 @@ def row_keys(path: Path, name: str) -> collections.Counter:
         # A Kafka message's file is its topic and partition (kafka://zeek.dns/0): kept whole.
         files = (f if f.startswith("kafka://") else f.rsplit("/", 1)[-1] for f in cols["file"])
         return collections.Counter(zip(files, cols["line_number"]))
+    if {"alert_id", "rule_id"} <= set(schema_names):
+        cols = read_columns(path, ["alert_id", "rule_id"])
+        return collections.Counter(a for a, r in zip(cols["alert_id"], cols["rule_id"])
+                                   if not (r or "").startswith("seclake."))
     if "alert_id" in schema_names:
         return collections.Counter(read_columns(path, ["alert_id"])["alert_id"])
     if "event_id" in schema_names:

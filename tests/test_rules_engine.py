@@ -2,6 +2,7 @@
 no duplicates across re-runs and checkpoint resets, failure isolation, hot deploy."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -17,6 +18,7 @@ from pipelines.lake.sink import DeltaSink
 from pipelines.query import StoppedQuery, report
 from pipelines.rules.backtest import backtest, write_missing
 from pipelines.rules.engine import (
+    LATE_ROWS_RULE_ID,
     MissingInputError,
     RuleManager,
     claim_checkpoint,
@@ -234,10 +236,15 @@ def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_onc
     append(spark, lake, "enriched_dns", 1, [dga_burst("2026-11-20 10:00:00", "late")], HOST_A)
     [second] = run_all(spark, lake, [rule], settings)
     assert second.error is None and second.late_rows >= 1 and not second.rows_out.get(ALERTS_TABLE)
+    # Not silent: a platform alert names the rule and the rows its watermark dropped.
+    [notice] = [a for a in alerts(spark, lake) if a.rule_id == LATE_ROWS_RULE_ID]
+    assert notice.rule_name == f"Rule dropped late rows: {rule.slug}", notice.rule_name
+    assert json.loads(notice.details)["late_rows"] == second.late_rows
+    assert "older than its watermark 2026-11-20 11:50:00 UTC" in notice.evidence, notice.evidence
     # Re-running its hour adds its alert, once; the 09:10 alert is already there.
     start, end = datetime(2026, 11, 20, 9, tzinfo=timezone.utc), datetime(2026, 11, 20, 11, tzinfo=timezone.utc)
     assert write_missing(spark, lake, rule, start, end) == (2, 1)
     assert write_missing(spark, lake, rule, start, end) == (2, 0)
-    ids = [a.alert_id for a in alerts(spark, lake)]
-    assert len(ids) == len(set(ids)) == 2
-    assert sorted(str(a.window_start) for a in alerts(spark, lake)) == ["2026-11-20 09:10:00", "2026-11-20 10:00:00"]
+    found = [a for a in alerts(spark, lake) if a.rule_id == rule.id]
+    assert len({a.alert_id for a in found}) == len(found) == 2
+    assert sorted(str(a.window_start) for a in found) == ["2026-11-20 09:10:00", "2026-11-20 10:00:00"]

@@ -42,6 +42,7 @@ from pipelines.query import (
     Stage,
     StoppedQuery,
     error_summary,
+    late_batches,
     start_query,
     stop_between_batches,
 )
@@ -49,7 +50,14 @@ from pipelines.rules.alerts import alert_frame, unseen
 from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
-from pipelines.rules.status import RuleStatus, rule_status, utc_now
+from pipelines.rules.status import (
+    RuleStatus,
+    append_platform_alerts,
+    platform_alert,
+    platform_alerts,
+    rule_status,
+    utc_now,
+)
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path
 from pipelines.settings import Settings
 from pipelines.triage.suppressions import mark
@@ -60,6 +68,8 @@ CHECKPOINT_MARKER = "seclake_rule.json"
 # In a rule's checkpoint while it is in a batch: "once" (run-once) or "stream" (the rules application).
 RUNNING_MARKER = "seclake_running"
 DIED = "the Spark application stopped while this rule ran (out of memory, or killed)"
+# The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
+LATE_ROWS_RULE_ID = "seclake.rule_late_rows"
 
 
 class MissingInputError(RuntimeError):
@@ -83,6 +93,7 @@ class AlertWriter:
         self.content_hash = rule.content_hash
         self.lake = lake
         self.alerts_path = lake.path(ALERTS_TABLE)
+        self.app_id = app_id
         self.sink = lake.sink(ALERTS_TABLE, app_id=app_id)
         self.history: list[BatchStats] = []
         self.error: str | None = None
@@ -93,8 +104,11 @@ class AlertWriter:
         self.query: StreamingQuery | None = None
         self.overrun: str | None = None
         self._closed = False
+        self._late_after = -1  # the newest batch whose late rows were looked at
+        self._spark: SparkSession | None = None
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
+        self._spark = rows.sparkSession
         alerts = fresh = None
         result = None
         try:
@@ -121,6 +135,34 @@ class AlertWriter:
         health = self.status.get(self.rule.slug, self.content_hash)
         if health.failures:
             self.status.put(health.succeeded())
+        self._report_late()
+
+    def _report_late(self) -> None:
+        """A platform alert (`seclake.rule_late_rows`) for each finished batch whose watermark
+        dropped rows: they stay in their table, but this rule never sees them again, so an analyst
+        must learn that its alerts for those hours may be missing (docs/rules.md, "Late events")."""
+        if self.query is None or self._spark is None:
+            return
+        late, self._late_after = late_batches(self.query, self._late_after)
+        if not late:
+            return
+        rows = []
+        for batch in late:
+            key = f"{LATE_ROWS_RULE_ID}\x1f{self.app_id}\x1f{batch.batch_id}"
+            alert_id = hashlib.sha256(key.encode()).hexdigest()[:32]
+            older = f"older than its watermark {batch.watermark:%Y-%m-%d %H:%M:%S} UTC" if batch.watermark else "late"
+            summary = (f"rule {self.rule.slug} dropped {batch.rows:,} row(s) of {', '.join(self.rule.tables)} {older} "
+                       f"(micro-batch {batch.batch_id}); its alerts on them are missing until their hours are re-run: "
+                       f"`seclake rules backtest {self.rule.slug} --from DAY --to DAY --write`")
+            details = json.dumps({"rule": self.rule.slug, "batch": batch.batch_id, "late_rows": batch.rows,
+                                  "watermark": batch.watermark.isoformat() if batch.watermark else None})
+            rows.append(platform_alert(alert_id, LATE_ROWS_RULE_ID, f"Rule dropped late rows: {self.rule.slug}",
+                                       "medium", summary, details, utc_now()))
+        # Its own ids: a batch replayed after a crash reports the same drops under the same id.
+        frame = unseen(platform_alerts(self._spark, self.lake, rows), self.alerts_path, LATE_ROWS_RULE_ID)
+        append_platform_alerts(self.lake, frame)
+        log.warning("rule %s: %s", self.rule.slug, "; ".join(f"{b.rows:,} late row(s) dropped in micro-batch "
+                                                              f"{b.batch_id}" for b in late))
 
     def close(self) -> None:
         """Record how the query ended in `rule_status` (a failure: its error or a batch over
@@ -133,6 +175,10 @@ class AlertWriter:
             exc = self.query.exception()
             if exc is not None:
                 failure = f"failed in {self.error}" if self.error else error_summary(exc)
+        try:
+            self._report_late()
+        except Exception as exc:  # the batches' alerts are committed; only the notice is lost
+            log.warning("rule %s: its late rows were not recorded: %s", self.rule.slug, _first_line(exc))
         self._closed = True
         if failure is not None:
             record_failure(self.status, self.settings, self.rule, failure)

@@ -17,7 +17,7 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
@@ -107,17 +107,34 @@ class RuleStatus:
 
     def _platform_alert(self, health: RuleHealth, now: datetime) -> None:
         """An alert in `alerts` saying which rule stopped detecting and why."""
-        self.lake.ensure(self.spark, ALERTS_TABLE)
         alert_id = hashlib.sha256(f"{PLATFORM_RULE_ID}\x1f{health.rule}\x1f{now.isoformat()}".encode()).hexdigest()[:32]
         details = json.dumps({"rule": health.rule, "failures": health.failures, "reason": health.reason})
-        alert: tuple = (alert_id, PLATFORM_RULE_ID, f"Rule disabled: {health.rule}", 1, "high", [],
-                        None, None, None, None, now, now, now, now,
-                        f"rule {health.rule} stopped detecting: {health.reason}", details, now, now.date(), None)
-        frame = self.spark.createDataFrame([alert], self.lake.spec(ALERTS_TABLE).schema)
-        with delta_errors(ALERTS_TABLE):
-            # mergeSchema: an alerts table from before `suppressed_by` gains the column.
-            (frame.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy("event_date")
-             .save(str(self.lake.path(ALERTS_TABLE))))
+        frame = platform_alerts(self.spark, self.lake, [
+            platform_alert(alert_id, PLATFORM_RULE_ID, f"Rule disabled: {health.rule}", "high",
+                           f"rule {health.rule} stopped detecting: {health.reason}", details, now)])
+        append_platform_alerts(self.lake, frame)
+
+
+def platform_alert(alert_id: str, rule_id: str, name: str, severity: str, summary: str, details: str,
+                   now: datetime) -> tuple:
+    """One row of `alerts` raised by seclake itself about a rule (`rule_id` "seclake.<what>"), not
+    about the network: no host, its window the moment it was raised."""
+    return (alert_id, rule_id, name, 1, severity, [], None, None, None, None, now, now, now, now,
+            summary, details, now, now.date(), None)
+
+
+def platform_alerts(spark: SparkSession, lake: Lake, rows: list[tuple]) -> DataFrame:
+    """`rows` (from `platform_alert`) as a frame of the alerts table's schema; the table is created if missing."""
+    lake.ensure(spark, ALERTS_TABLE)
+    return spark.createDataFrame(rows, lake.spec(ALERTS_TABLE).schema)
+
+
+def append_platform_alerts(lake: Lake, frame: DataFrame) -> None:
+    """Append platform alerts to `alerts` (a plain append: their ids say whether one is new)."""
+    with delta_errors(ALERTS_TABLE):
+        # mergeSchema: an alerts table from before `suppressed_by` gains the column.
+        (frame.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy("event_date")
+         .save(str(lake.path(ALERTS_TABLE))))
 
 
 _STATUS: dict[str, RuleStatus] = {}
