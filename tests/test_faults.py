@@ -34,6 +34,7 @@ from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import ObjectPath, storage_options
+from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 from pipelines.settings import Settings
 from sample_data.generator import generate
 
@@ -137,7 +138,7 @@ def row_keys(path: Path, name: str) -> collections.Counter:
     if {"alert_id", "rule_id"} <= set(schema_names):
         cols = read_columns(path, ["alert_id", "rule_id"])
         return collections.Counter(a for a, r in zip(cols["alert_id"], cols["rule_id"])
-                                   if not (r or "").startswith("seclake."))
+                                   if not (r or "").startswith(PLATFORM_RULE_PREFIX))
     if "alert_id" in schema_names:
         return collections.Counter(read_columns(path, ["alert_id"])["alert_id"])
     if "event_id" in schema_names:

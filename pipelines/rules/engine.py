@@ -58,7 +58,7 @@ from pipelines.rules.status import (
     rule_status,
     utc_now,
 )
-from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path
+from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, lookup_view, table_path
 from pipelines.settings import Settings
 from pipelines.triage.suppressions import mark
 
@@ -69,7 +69,7 @@ CHECKPOINT_MARKER = "seclake_rule.json"
 RUNNING_MARKER = "seclake_running"
 DIED = "the Spark application stopped while this rule ran (out of memory, or killed)"
 # The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
-LATE_ROWS_RULE_ID = "seclake.rule_late_rows"
+LATE_ROWS_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_late_rows"
 
 
 class MissingInputError(RuntimeError):

@@ -23,11 +23,11 @@ from pyspark.sql import functions as F
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import delta_errors
 from pipelines.rules.health import DISABLED, RuleHealth
-from pipelines.rules.tables import ALERTS_TABLE, RULE_STATUS_TABLE
+from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE
 
 log = logging.getLogger("seclake.rules")
 
-PLATFORM_RULE_ID = "seclake.rule_disabled"
+PLATFORM_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_disabled"
 
 
 def utc_now() -> datetime:

@@ -10,6 +10,9 @@ from pipelines.lake.registry import Lake
 
 ALERTS_TABLE = "alerts"
 RULE_STATUS_TABLE = "rule_status"
+# rule_id prefix of platform alerts (a rule disabled, rows a rule dropped): in `alerts` where analysts
+# look, but about seclake itself, so incidents and precision leave them out.
+PLATFORM_RULE_PREFIX = "seclake."
 
 
 def readable_tables() -> dict[str, StructType]:

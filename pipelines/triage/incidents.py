@@ -16,11 +16,11 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
+from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 from pipelines.triage.store import CLOSED, triaged_alerts
 
 INCIDENTS_TABLE = "incidents"
 SEVERITY_WEIGHT = {"critical": 100, "high": 50, "medium": 20, "low": 5, "info": 1}
-PLATFORM_RULE_PREFIX = "seclake."  # platform alerts (a rule disabled) concern no entity
 
 
 def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> DataFrame:
