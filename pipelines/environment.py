@@ -23,7 +23,7 @@ VARIABLES: dict[str, str] = {
                      "landing files only; docs/kafka.md)",
     "SECLAKE_RULES": "the rules folder (default: the repository's rules/)",
     "SECLAKE_SPARK_MASTER": "Spark master URL (default local[*]); e.g. spark://host:7077",
-    "SECLAKE_SPARK_LOG_LEVEL": "Spark's log level (default ERROR: quiet unless asked)",
+    "SECLAKE_SPARK_LOG_LEVEL": "Spark's log level (default FATAL: seclake says failures; ERROR or INFO shows Spark's)",
     "SECLAKE_ENV": "Dagster resources profile: local (default) or another configured in assets/resources.py",
     "SECLAKE_RUN_ONCE_CRON": "cron of the Dagster run-once schedule (default every 15 minutes)",
     "SECLAKE_MAX_QUARANTINE_RATIO": "share of quarantined lines that fails the blocking quality check (default 0.05)",

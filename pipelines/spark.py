@@ -107,7 +107,9 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
-    log_level = environment.spark_log_level() or "ERROR"
+    # FATAL by default: seclake reports a failed query or task in one line of its own, so Spark's
+    # ERROR lines (a task's stack trace, "Aborted commit") would only repeat it as a JVM trace.
+    log_level = environment.spark_log_level() or "FATAL"
     settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
                                                  f"-Dseclake.log.level={log_level}")
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())

@@ -5,7 +5,6 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from pipelines import environment
 from pipelines.sql.database import Database, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
@@ -107,16 +106,10 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
 
 def _database(args: argparse.Namespace) -> Database:
     """The home's Database on a Spark session without UI; a bad home fails before Spark starts."""
-    from pyspark.sql import SparkSession
-
     from pipelines.spark import get_spark
 
     lake = connect(args.home).lake
-    fresh = SparkSession.getActiveSession() is None
-    spark = get_spark(app_name="seclake-sql", ui=False)
-    if fresh and environment.spark_log_level() is None:
-        spark.sparkContext.setLogLevel("FATAL")  # a failing task is reported in one line, not a JVM trace
-    return Database(lake, spark)
+    return Database(lake, get_spark(app_name="seclake-sql", ui=False))
 
 
 def _check_output_args(args: argparse.Namespace) -> None:
