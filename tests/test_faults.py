@@ -34,6 +34,7 @@ from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import ObjectPath, storage_options
+from pipelines.rules.status import PLATFORM_RULE_ID
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 from pipelines.settings import Settings
 from sample_data.generator import generate
@@ -1055,7 +1056,7 @@ def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, st
     assert all(state == "ok" for slug, (state, _) in states.items() if slug not in expected), states
     platform = read_columns(home.table("alerts"), ["rule_id", "rule_name"])
     disabled = {n.removeprefix("Rule disabled: ") for r, n in zip(platform["rule_id"], platform["rule_name"])
-                if r == "seclake.rule_disabled"}
+                if r == PLATFORM_RULE_ID}
     wanted = {s for s, why in expected.items() if why != "invalid"}
     assert disabled == wanted, disabled
     compare_with_reference(home, reference, exact=(*etl.etl_tables(), "enriched_conn", "enriched_dns",
@@ -1156,11 +1157,11 @@ def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp
     assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
     # Known gap (docs/rules.md, "a stream catching up on a backlog"): with a backlog, an enriched
     # batch hands the rules the attributed rows of the whole backlog one batch before the
-    # unattributed rows of the same hours
-    # (those leave the join only when its watermark passes them); a rule that reads the first batch
-    # alone moves its watermark past the second one's rows and drops them. The documented re-run
-    # (`seclake rules backtest RULE --write`) restores those alerts: only alerts of unattributed
-    # rows (no MAC); an alert of attributed rows missing here was lost some other way.
+    # unattributed rows of the same hours (those leave the join only when its watermark passes
+    # them); a rule that reads the first batch alone moves its watermark past the second one's rows
+    # and drops them. The documented re-run (`seclake rules backtest RULE --write`) restores those
+    # alerts: only alerts of unattributed rows (no MAC); an alert of attributed rows missing here
+    # was lost some other way.
     restored = _write_missing_alerts(spark, home)
     assert all(mac is None for mac in restored.values()), restored
     _check_bad_rules_outcome(home, reference, expected)
