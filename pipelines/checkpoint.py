@@ -109,3 +109,33 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
                     entry = json.loads(line)
                     found[entry["path"]] = int(entry["batchId"])
     return found
+
+
+def clear_unstarted(checkpoint: str | os.PathLike) -> list[str]:
+    """Remove the temporary files a process killed while writing the checkpoint's first offset
+    file left behind (hidden `.0.<uuid>.tmp` and their `.crc`); the names removed.
+
+    With no batch planned Spark treats the query as new and refuses to start it while `offsets/`,
+    `commits/` or `state/` holds any file (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so one kill
+    at that instant would stop the query for good. Nothing can have run before batch 0 was
+    planned, so the leftovers hold nothing. Visible files are left for Spark to refuse: they are
+    someone's data, not a leftover.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = Path(tmp, "offsets").mkdir()
+    ...     _ = Path(tmp, "offsets", ".0.5f1e.tmp").write_text("v1")
+    ...     clear_unstarted(tmp), sorted(p.name for p in Path(tmp, "offsets").iterdir())
+    (['offsets/.0.5f1e.tmp'], [])
+    """
+    root = as_path(checkpoint)
+    if newest(root) is not None:
+        return []
+    removed = []
+    for folder in ("offsets", "commits", "state"):
+        path = root / folder
+        for entry in sorted(path.iterdir()) if path.is_dir() else ():
+            if entry.name.startswith(".") and entry.is_file():
+                entry.unlink()
+                removed.append(f"{folder}/{entry.name}")
+    return removed

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.checkpoint import clear_unstarted
 from pipelines.lake.sink import CommitResult
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ class Stage:
 def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
                 trigger: dict, output_mode: str = "append") -> StreamingQuery:
     """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""
+    clear_unstarted(checkpoint)
     return (frame.writeStream
             .queryName(name)
             .outputMode(output_mode)

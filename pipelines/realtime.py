@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.attribution import attributed_ip, load_devices
+from pipelines.checkpoint import clear_unstarted
 from pipelines.etl import check_reachable, kafka_files, kafka_lines
 from pipelines.lake.registry import Lake
 from pipelines.parsers import parse, split_lines, to_silver
@@ -131,6 +132,7 @@ def start(spark: SparkSession, lake: Lake, bootstrap: str, rules: list[Rule],
                                      load_devices(session, lake.home.reference / "devices.csv"))
     enriched.createOrReplaceTempView(ENRICHED)
     messages = reduce(DataFrame.unionByName, [rule_messages(session, r) for r in rules])
+    clear_unstarted(lake.home.checkpoint(QUERY_NAME))
     return (messages.writeStream.queryName(QUERY_NAME).format("kafka")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", ALERTS_TOPIC)

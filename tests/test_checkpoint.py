@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.checkpoint import newest, next_watermark_ms, numbered, read_batch
+from pipelines.checkpoint import clear_unstarted, newest, next_watermark_ms, numbered, read_batch
 
 
 def checkpoint(root: Path, planned: int, committed: int) -> Path:
@@ -80,3 +80,42 @@ def test_the_etl_is_idle_only_when_a_committed_batch_read_every_landing_file(tmp
     assert etl.idle(lake)  # the temp files are not input
     (zeek / "dns b.log").write_text("x")
     assert not etl.idle(lake)
+
+
+def test_leftovers_of_a_kill_before_batch_0_are_cleared_and_nothing_else(tmp_path):
+    cp = tmp_path / "cp"
+    for folder in ("offsets", "commits", "state"):
+        (cp / folder).mkdir(parents=True)
+    (cp / "offsets" / ".0.6c1e.tmp").write_text("v1")
+    (cp / "offsets" / "..0.6c1e.tmp.crc").write_text("x")
+    (cp / "state" / "notes.txt").write_text("someone's file")
+    (cp / "metadata").write_text('{"id":"q"}')
+    assert clear_unstarted(cp) == ["offsets/..0.6c1e.tmp.crc", "offsets/.0.6c1e.tmp"]
+    assert not list((cp / "offsets").iterdir())
+    assert (cp / "state" / "notes.txt").exists() and (cp / "metadata").exists()
+    # Once a batch is planned the checkpoint is Spark's: nothing is touched.
+    started = checkpoint(tmp_path / "started", planned=0, committed=-1)
+    (started / "offsets" / ".1.77aa.tmp").write_text("v1")
+    assert clear_unstarted(started) == [] and (started / "offsets" / ".1.77aa.tmp").exists()
+
+
+def test_a_stateful_query_killed_while_planning_batch_0_starts_again(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from pipelines.query import start_query
+
+    cp = tmp_path / "cp"
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / ".0.9b2f4c.tmp").write_text("v1")  # what a SIGKILL mid-write leaves
+    counts = (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+              .withWatermark("timestamp", "1 second")
+              .groupBy(F.window("timestamp", "1 second")).count())
+    seen: list[int] = []
+    query = start_query(counts, "killed_before_batch_0", lambda frame, batch: seen.append(frame.count() and batch), cp,
+                        {"processingTime": "1 second"})
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None and seen[0] == 0
+    assert newest(cp, committed=True) is not None

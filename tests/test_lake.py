@@ -122,6 +122,29 @@ def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):
     assert _latest_version(spark, table) == 1
 
 
+def test_a_stateful_query_replaying_a_committed_batch_goes_on(spark, tmp_path):
+    # A kill between the Delta commit and Spark's commit log: the batch replays, Delta skips it.
+    table = tmp_path / "t"
+    sink = _sink(table)
+    counts = (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+              .withWatermark("timestamp", "1 second")
+              .groupBy(F.window("timestamp", "1 second")).count()
+              .select(F.col("window.start").alias("start"), "count"))
+    sink.write_batch(spark.createDataFrame([], counts.schema), 0)
+    results = []
+    query = (counts.writeStream.foreachBatch(lambda frame, batch: results.append(sink.write_batch(frame, batch)))
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="1 second").start())
+    try:
+        deadline = time.monotonic() + 120
+        while len(results) < 3 and query.isActive and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert results[0].skipped and [r.batch_id for r in results[:3]] == [0, 1, 2]
+    assert not any(r.skipped for r in results[1:3])
+
+
 class _CrashBeforeCommit(DeltaSink):
     """Dies after the batch's Parquet files are in the table folder, before any commit references them."""
 

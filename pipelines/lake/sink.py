@@ -82,6 +82,10 @@ class DeltaSink:
             writer.save(self.uri)
         ours = _find_commit(spark, self.uri, tag)
         if ours is None:
+            # Delta skipped the batch without running it; a stateful query's state stores must still
+            # commit it, or Spark fails the replay (STATE_STORE_COMMIT_VALIDATION_FAILED) on every
+            # restart. Only replays after a crash pay for this run.
+            df.write.format("noop").mode("overwrite").save()
             return CommitResult(self.name, batch_id, None, skipped=True)
         return CommitResult(self.name, batch_id, *ours)
 
