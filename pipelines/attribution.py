@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -43,10 +44,11 @@ from pipelines.query import (
     RunningQuery,
     Stage,
     StoppedQuery,
+    batch_watermark,
     late_batches,
     start_query,
 )
-from pipelines.schemas import ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
+from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 log = logging.getLogger("seclake")
@@ -448,6 +450,37 @@ def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, Data
                                F.col("lease_hostname").alias("hostname"), "device", "owner", "lease_valid_from")
 
 
+# Set on the copy of each row that carries its attribution watermark (NULL on the rows themselves).
+_FLOOR_COLUMN = "_attribution_floor"
+
+
+def held_to_attribution(frame: DataFrame, marks: DataFrame, time_column: str, delay: str) -> DataFrame:
+    """`with_marks(frame, marks, time_column, delay)` for a stream of an enriched table, its watermark
+    also held at or below the attribution watermark of the rows read so far.
+
+    Attribution writes an unattributed row only once its own watermark passes the row, which can
+    be a micro-batch after it wrote the attributed rows of the same hours (a backlog caught up in
+    one batch). A rule reading that first commit alone would move its watermark (newest row -
+    `delay`) past the rows still to come and drop them. So each row enters twice: as itself, and
+    as a copy at its `attribution_watermark` under a watermark of no delay, dropped right after
+    it; with Spark's default `min` policy the rule's watermark is the lower of the two. Rows
+    written before the column existed count at their own time (no hold). Any other stream, or a
+    rule timed by another column, is returned as `with_marks` makes it.
+
+    `start_rule` builds each streamed table's view of a rule with it.
+    """
+    rows = with_marks(frame, marks, time_column, delay)
+    if time_column != "event_time" or ATTRIBUTION_WATERMARK not in frame.columns:
+        return rows
+    floor = F.coalesce(ATTRIBUTION_WATERMARK, time_column)
+    # The copies keep every real column: a rule's filters are pushed below both watermarks, and on
+    # literal columns Spark would prune the copies' branch, watermark included (see `with_marks`).
+    copies = with_marks(frame.withColumn(time_column, floor).withColumn(_FLOOR_COLUMN, floor),
+                        marks, time_column, "0 seconds")
+    keep = F.when(F.col(time_column).isNotNull(), F.col(_FLOOR_COLUMN).isNull())
+    return rows.unionByName(copies, allowMissingColumns=True).where(keep).drop(_FLOOR_COLUMN)
+
+
 def _millis(interval: str, setting: str) -> int:
     """Milliseconds of a Spark interval string such as "2 hours"; ValueError names a bad one."""
     units = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
@@ -490,9 +523,24 @@ class AttributionWriter:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         stats = BatchStats(batch_id)
+        if self.query_name in ENRICHED_INPUTS:
+            # An enriched batch emits attributed rows as soon as their lease piece is in, unattributed
+            # ones only once the watermark passes them (in a later batch, when a backlog is caught up):
+            # the rows say up to where this table is complete, so that rules do not run ahead of it.
+            watermark = batch_watermark(self._running())
+            rows = rows.withColumn(ATTRIBUTION_WATERMARK, F.timestamp_millis(F.lit(watermark)))
         stats.record(self.sink.write_batch(rows, batch_id))
         self._record_late(stats)
         self.history.append(stats)
+
+    def _running(self) -> StreamingQuery:
+        """The query; its first batch may start before its starter has set `query`."""
+        deadline = time.monotonic() + 60
+        while self.query is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.query_name}: the query's starter never handed its writer the query")
+            time.sleep(0.05)
+        return self.query
 
     def close(self) -> None:
         """Record the late rows of batches that finished after the last one recorded."""

@@ -100,6 +100,15 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
     return found, last
 
 
+def batch_watermark(query: StreamingQuery) -> int:
+    """The event-time watermark (epoch ms) of `query`'s running micro-batch: its stateful operators
+    have emitted everything older by the end of the batch. Call it from the query's foreachBatch.
+
+    PySpark has no public call for it; the batch's plan (lastExecution) carries it.
+    """
+    return int(query._jsq.streamingQuery().lastExecution().offsetSeqMetadata().batchWatermarkMs())
+
+
 class BatchWriter(Protocol):
     """What reports read from a query's writer: one BatchStats per batch it ran (the writer of a
     query that never started has none), and `close` once the query has stopped."""

@@ -37,7 +37,7 @@ from pipelines.rules.alerts import alert_id
 from pipelines.rules.engine import rule_session
 from pipelines.rules.pack import load_rules
 from pipelines.rules.spec import REALTIME_TABLES, Rule, RuleError, interval_seconds
-from pipelines.schemas import ENRICHED_SCHEMAS
+from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS
 
 QUERY_NAME = "realtime_alerts"
 ALERTS_TOPIC = "seclake.alerts"
@@ -90,7 +90,8 @@ def attributed_ids_alerts(ids: DataFrame, leases: DataFrame, devices: DataFrame)
             & (leases.lease_valid_to.isNull() | (rows.event_time < leases.lease_valid_to)))
     matched = rows.join(F.broadcast(leases), held, "left_outer")
     with_devices = matched.join(F.broadcast(devices), matched.lease_mac == devices.inv_mac, "left_outer")
-    derived = {"mac": F.col("lease_mac"), "hostname": F.col("lease_hostname")}
+    # No micro-batch wrote the row: no attribution watermark.
+    derived = {"mac": F.col("lease_mac"), "hostname": F.col("lease_hostname"), ATTRIBUTION_WATERMARK: F.lit(None)}
     return with_devices.select(*[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
                                  for f in ENRICHED_SCHEMAS[ENRICHED].fields])
 

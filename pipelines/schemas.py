@@ -272,8 +272,13 @@ _ATTRIBUTION = (
     ("lease_valid_from", TimestampType()),
 )
 
+# The watermark of the attribution micro-batch that wrote the row: every row of the table with an
+# earlier event_time was written by then (or dropped as late). Rules hold their watermark to it.
+ATTRIBUTION_WATERMARK = "attribution_watermark"
+
 ENRICHED_SCHEMAS: dict[str, StructType] = {
-    f"enriched_{kind}": StructType(SILVER_SCHEMAS[f"silver_{kind}"].fields + _fields(*_ATTRIBUTION))
+    f"enriched_{kind}": StructType(SILVER_SCHEMAS[f"silver_{kind}"].fields
+                                   + _fields(*_ATTRIBUTION, (ATTRIBUTION_WATERMARK, TimestampType())))
     for kind in ("conn", "dns", "ids_alerts")
 }
 

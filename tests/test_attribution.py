@@ -5,15 +5,17 @@ import datetime as dt
 import random
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
 from pipelines.end_of_input import END_OF_INPUT
 from pipelines.home import Home
+from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.query import AVAILABLE_NOW, report
-from pipelines.schemas import END_OF_INPUT_SCHEMA, ENRICHED_SCHEMAS, SILVER_SCHEMAS
+from pipelines.schemas import ATTRIBUTION_WATERMARK, END_OF_INPUT_SCHEMA, ENRICHED_SCHEMAS, SILVER_SCHEMAS
 from pipelines.settings import Settings
 
 UTC = dt.timezone.utc
@@ -117,6 +119,25 @@ def run_stages(spark, lake: Lake, settings: Settings, tables: tuple[str, ...], *
 
 def attributed(spark, lake: Lake, table: str) -> dict[str, str | None]:
     return {r.event_id: r.mac for r in lake.read(spark, table).select("event_id", "mac").collect()}
+
+
+def assert_complete_below_its_watermark(spark, lake: Lake, table: str) -> int:
+    """Every row carries the attribution watermark of the batch that wrote it, and no later commit
+    adds a row older than a watermark already written (rules hold their watermark to it); returns
+    how many rows came after an earlier commit's watermark had moved (rows the check covered)."""
+    path, seen, floor, covered = lake.path(table), set(), None, 0
+    versions = [r.version for r in DeltaTable.forPath(spark, str(path)).history().select("version").collect()]
+    for version in sorted(versions):
+        rows = read_table(spark, path, version=version).select("event_id", "event_time", ATTRIBUTION_WATERMARK)
+        new = [r for r in rows.collect() if r.event_id not in seen]
+        assert all(r[ATTRIBUTION_WATERMARK] for r in new), f"{table} v{version}: a row without its watermark"
+        if floor is not None and floor.year > 1970:
+            early = [(r.event_id, str(r.event_time)) for r in new if r.event_time < floor]
+            assert not early, f"{table} v{version}: rows older than the watermark {floor} written before: {early}"
+            covered += len(new)
+        seen |= {r.event_id for r in new}
+        floor = max([t for t in (floor, *(r[ATTRIBUTION_WATERMARK] for r in new)) if t], default=None)
+    return covered
 
 
 def segments(spark, lake: Lake, ip: str) -> list[tuple]:
@@ -282,6 +303,22 @@ def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spa
     assert all(r.late_rows == 0 for r in reports.values())
     assert not lake.exists("late_events") or lake.read(spark, "late_events").count() == 0
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
+
+
+def test_a_stream_in_hourly_commits_never_writes_a_row_below_a_watermark_it_wrote(spark, tmp_path):
+    """Hourly commits of DHCP and conn rows, a run after each as a stream would: attributed rows
+    leave as soon as their piece is in, unattributed ones a batch or more later, once the
+    watermark passes them. Each commit says up to where the table is complete (its rows'
+    attribution watermark); no later commit may add a row older than that."""
+    lake = Lake(Home.resolve(tmp_path).create())
+    rows, expected = scenario()
+    commit(lake, "silver_dhcp", [])
+    for hour in range(7, 15):
+        for table in ("silver_dhcp", "silver_conn"):
+            commit(lake, table, [r for r in rows[table] if r["event_time"].hour == hour])
+        run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=hour == 14)
+    assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
+    assert assert_complete_below_its_watermark(spark, lake, "enriched_conn") > 0
 
 
 def test_remcos_host_attributed_on_real_zeek_logs(spark, tmp_path, real_logs):

@@ -223,6 +223,30 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
             stop_rule(r)
 
 
+def test_a_rule_holds_its_watermark_for_the_rows_attribution_has_still_to_write(spark, lake):
+    # A backlog caught up: attribution commits the attributed rows of hours at once, and the
+    # unattributed rows of the same hours a batch later, once its watermark passes them. Each
+    # commit's rows carry that watermark; the rule must not drop the second commit's rows (as in
+    # the late-events test below, where the rows carry none and are dropped).
+    rule = validate_rule(DGA)
+    settings = Settings().with_overrides({"rule_watermark": "10 minutes"})
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:40:00", "a"),
+                                            {"event_time": "2026-11-20 12:00:00", "query": "www.example.com",
+                                             "rcode_name": "NOERROR"}],
+           {**HOST_A, "attribution_watermark": "2026-11-20 09:00:00"})
+    [first] = run_all(spark, lake, [rule], settings)
+    assert first.error is None and first.rows_out.get(ALERTS_TABLE) == 1
+    assert first.watermark.startswith("2026-11-20T09:00:00"), first.watermark  # not 11:50: held
+    unattributed = {**HOST_A, "src_ip": "10.0.1.11", "mac": None, "device": None, "owner": None,
+                    "attribution_watermark": "2026-11-20 11:50:00"}
+    append(spark, lake, "enriched_dns", 1, [dga_burst("2026-11-20 10:00:00", "u")], unattributed)
+    [second] = run_all(spark, lake, [rule], settings)
+    assert second.error is None and second.late_rows == 0 and second.rows_out.get(ALERTS_TABLE) == 1
+    found = {a.src_ip: str(a.window_start) for a in alerts(spark, lake) if a.rule_id == rule.id}
+    assert found == {"10.0.1.14": "2026-11-20 09:40:00", "10.0.1.11": "2026-11-20 10:00:00"}, found
+    assert not [a for a in alerts(spark, lake) if a.rule_id == LATE_ROWS_RULE_ID]
+
+
 def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_once(spark, lake):
     rule = validate_rule(DGA)
     settings = Settings().with_overrides({"rule_watermark": "10 minutes"})

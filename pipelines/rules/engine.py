@@ -33,7 +33,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.end_of_input import END_OF_INPUT, read_marks, with_marks
+from pipelines.attribution import held_to_attribution
+from pipelines.end_of_input import END_OF_INPUT, read_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import check_resumable, read_stream
 from pipelines.query import (
@@ -114,12 +115,13 @@ class AlertWriter:
         try:
             alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
             total = new = alerts.count()
-            # Most batches raise nothing: no look-up in alerts and no commit then (an empty append
-            # costs a Delta txn look-up; a replay of the batch is empty too).
+            # Most batches raise nothing new: no commit then (an empty append costs a Delta txn
+            # look-up, and a replay of the batch finds the same alerts known or none).
             if total:
                 fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
                 new = fresh.count()
-                result = self.sink.write_batch(fresh, batch_id)
+                if new:
+                    result = self.sink.write_batch(fresh, batch_id)
         except Exception as exc:
             # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
             self.error = f"batch {batch_id}: {_first_line(exc)}"
@@ -345,8 +347,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
             # of event time in every file, so splitting it by files would make the later files look late.
-            with_marks(read_stream(session, table_path(lake, table)), marks, rule.event_time,
-                       rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
+            held_to_attribution(read_stream(session, table_path(lake, table)), marks, rule.event_time,
+                                rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         for table in rule.lookups:
             lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
         rows = session.sql(rule.sql)
