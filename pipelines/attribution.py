@@ -467,6 +467,10 @@ def held_to_attribution(frame: DataFrame, marks: DataFrame, time_column: str, de
     written before the column existed count at their own time (no hold). Any other stream, or a
     rule timed by another column, is returned as `with_marks` makes it.
 
+    The copies are a second source over the same table, first in the plan: Spark asks sources for
+    new data in plan order, so a commit landing between the two look-ups reaches the rows only
+    and holds the watermark lower for a batch, never higher.
+
     `start_rule` builds each streamed table's view of a rule with it.
     """
     rows = with_marks(frame, marks, time_column, delay)
@@ -478,7 +482,7 @@ def held_to_attribution(frame: DataFrame, marks: DataFrame, time_column: str, de
     copies = with_marks(frame.withColumn(time_column, floor).withColumn(_FLOOR_COLUMN, floor),
                         marks, time_column, "0 seconds")
     keep = F.when(F.col(time_column).isNotNull(), F.col(_FLOOR_COLUMN).isNull())
-    return rows.unionByName(copies, allowMissingColumns=True).where(keep).drop(_FLOOR_COLUMN)
+    return copies.unionByName(rows, allowMissingColumns=True).where(keep).drop(_FLOOR_COLUMN)
 
 
 def _millis(interval: str, setting: str) -> int:

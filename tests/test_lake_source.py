@@ -285,6 +285,17 @@ def test_caught_up_only_when_every_commit_was_read_and_committed(spark, tmp_path
     assert not caught_up(checkpoint, [table])  # a new commit to read
     batches, _ = run_available_now(spark, table, checkpoint)
     assert ids(batches) == [5] and caught_up(checkpoint, [table])
+    # A table read by two sources (a rule's enriched input and its attribution-watermark copies)
+    # is caught up only when both stand at its newest commit.
+    offsets = checkpoint / "offsets" / str(max(int(p.name) for p in (checkpoint / "offsets").iterdir()
+                                               if p.name.isdigit()))
+    lines = offsets.read_text().splitlines()
+    offsets.write_text("\n".join([*lines, lines[-1]]))
+    assert caught_up(checkpoint, [table])
+    behind = {**json.loads(lines[-1]), "reservoirVersion": json.loads(lines[-1])["reservoirVersion"] - 1}
+    offsets.write_text("\n".join([*lines, json.dumps(behind)]))
+    assert not caught_up(checkpoint, [table])
+    offsets.write_text("\n".join(lines))
     # a batch planned but not committed (a crash mid-batch) must run again
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
     (checkpoint / "commits" / str(last)).unlink()

@@ -114,7 +114,7 @@ def test_a_valid_rule_is_accepted_with_canonical_sql_and_defaults():
     rule = validate_rule(rule_text(), slug="test_rule")
     assert (rule.slug, rule.version, rule.severity, rule.mitre) == ("test_rule", 1, "low", ("T1046",))
     assert rule.tables == ("enriched_dns",) and rule.keys == ("src_ip", "mac")
-    assert rule.sql.startswith("SELECT src_ip, mac") and rule.checkpoint_name == "rule_test_rule/v1"
+    assert rule.sql.startswith("SELECT src_ip, mac") and rule.checkpoint_name == "rule_test_rule/v1-plan2"
     assert rule.query_name == "rule_test_rule"
 
 

@@ -93,7 +93,11 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
         return False
     if not all(isinstance(p, dict) for p in batch.offsets):
         return False
-    by_table = {p.get("reservoirId"): p for p in batch.offsets}
+    by_table: dict[str | None, dict] = {}
+    for position in batch.offsets:
+        # A table read by two sources (a rule's enriched input) is caught up only when both are.
+        if by_table.setdefault(position.get("reservoirId"), position) != position:
+            return False
     if None in by_table or len(by_table) != len(tables):
         return False
     for path in tables:

@@ -113,13 +113,21 @@ class Rule:
 
     @property
     def checkpoint_name(self) -> str:
-        """Its checkpoint under `<home>/checkpoints/`: the stage's folder, one sub-folder per rule version."""
-        return f"{self.query_name}/v{self.version}"
+        """Its checkpoint under `<home>/checkpoints/`: the stage's folder, one sub-folder per rule version
+        and engine plan (`QUERY_PLAN`)."""
+        return f"{self.query_name}/v{self.version}-plan{QUERY_PLAN}"
 
     @property
     def tests_path(self) -> Path | None:
         """Its test cases, `<rule>.tests.yml` beside the `.sql` file."""
         return self.path.with_name(f"{self.slug}.tests.yml") if self.path else None
+
+
+# The generation of the engine's rule query plan, bumped when a change alters the sources a rule
+# query reads (Spark cannot resume a checkpoint made with other sources): each rule version then
+# starts a new checkpoint and reads its tables again; the alerts it already wrote are not written
+# twice (alert ids). 2: enriched tables read twice, for their attribution watermark.
+QUERY_PLAN = 2
 
 
 def query_name(slug: str) -> str:
