@@ -1,6 +1,7 @@
-"""pipelines.checkpoint: a streaming checkpoint's batches read from its files, without Spark."""
+"""pipelines.checkpoint: a checkpoint's batches read from its files (no Spark); restarts after a kill before batch 0."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,6 @@ def test_leftovers_of_a_kill_before_batch_0_are_cleared_and_nothing_else(tmp_pat
 
 
 def test_a_stateful_query_killed_while_planning_batch_0_starts_again(spark, tmp_path):
-    import json
-
     from pyspark.sql import functions as F
 
     from pipelines.query import start_query
