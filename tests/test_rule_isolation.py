@@ -3,6 +3,7 @@ Spark application is counted in `rule_status`, backed off, disabled with a platf
 re-enabled by one command; the other rules' alerts are untouched."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from assets.resources import LakeResource, SparkResource
 from assets.rules import rule_enabled_check
 from pipelines.cli import main
 from pipelines.home import Home
+from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp
 from pipelines.lake.registry import Lake
 from pipelines.query import StoppedQuery
 from pipelines.rules.engine import DIED, RUNNING_MARKER, RuleManager, stop_rule
@@ -125,6 +127,28 @@ def test_a_rule_the_application_died_in_is_charged_at_its_next_start(spark, tmp_
     rep = run_all(spark, lake, [rule])[0]
     assert rep.rows_out == {"alerts": 1} and not (checkpoint / RUNNING_MARKER).exists()
     assert RuleStatus(spark, lake).get(rule.slug, rule.content_hash).state == OK  # a good batch clears it
+
+
+def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(tmp_path, lake, monkeypatch):
+    """The alert path first: `seclake stream` starts the rules' JVM after the table queries' first
+    trigger, and no later than RULES_START_MAX_WAIT_SECONDS. (The child here is a stand-in process:
+    what is checked is when the parent starts and stops it.)"""
+    monkeypatch.setattr(RulesApp, "command", lambda self: [sys.executable, "-c", "import time; time.sleep(120)"])
+    with RulesApp(lake, Settings(), 60.0) as app:
+        entered = time.monotonic()
+        app.check(None, entered + 1, lambda: False)
+        assert app.proc is None, "started before the tables were up"
+        app.check(None, entered + 2, lambda: True)
+        assert app.proc is not None and app.proc.poll() is None
+        child = app.proc
+        app.check(None, entered + 3, lambda: True)
+        assert app.proc is child, "started twice"
+    assert child.poll() is not None, "still running after the stream stopped"
+    with RulesApp(lake, Settings(), 60.0) as app:
+        app.check(None, time.monotonic() + RULES_START_MAX_WAIT_SECONDS - 5, lambda: False)
+        assert app.proc is None
+        app.check(None, time.monotonic() + RULES_START_MAX_WAIT_SECONDS + 1, lambda: False)
+        assert app.proc is not None and app.proc.poll() is None, "tables never up: not started after the wait"
 
 
 def test_the_stream_retries_a_failing_rule_then_disables_it_and_records_invalid_files(spark, tmp_path, lake):
