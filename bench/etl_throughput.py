@@ -4,7 +4,7 @@ Both sides read the same generated landing files in the same SparkSession, inter
 median of --reps repetitions after one untimed warm-up of each side:
 
 - seclake: `jobs.run_once(spark, lake, only=["etl"])` into a fresh home (the real query:
-  whole-file source, parse, 7 Delta tables committed by delta-rs, de-duplication).
+  whole-file source, parse, 7 Delta tables committed by delta-spark, de-duplication).
 - plain parse: `spark.read.json` of each Zeek kind (Zeek JSON) or `spark.read.csv(sep=TAB,
   comment=#)` (Zeek TSV) and of the EVE files, each written with `write.parquet`.
 - plain text: `spark.read.text` of every file -> `write.parquet` (the I/O floor).

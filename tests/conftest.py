@@ -12,7 +12,10 @@ REAL_LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
 
 @pytest.fixture(scope="session")
 def spark():
-    session = get_spark(app_name="seclake-tests", ui=False, conf={"spark.driver.memory": "3g"})
+    # A finite stop timeout: a query that cannot stop makes its test fail after two minutes
+    # instead of holding its pytest worker (pytest-timeout fires once, not again in clean-up).
+    session = get_spark(app_name="seclake-tests", ui=False,
+                        conf={"spark.driver.memory": "3g", "spark.sql.streaming.stopTimeout": "120s"})
     yield session
     session.stop()
 
