@@ -159,8 +159,8 @@ class RulesApp:
     Started with the parent's settings, stdout and stderr by `check` (called every second), once
     the tables' queries are up (the alert path first); `check` also restarts it after a back-off
     when it died by itself, first charging the rules it was running a batch of; leaving the block
-    stops it (SIGTERM, then SIGKILL after a minute). On Linux the child
-    also dies with its parent, so a killed `seclake stream` leaves no rules running.
+    stops it (SIGTERM, then SIGKILL after a minute). On Linux the child also dies with its
+    parent, so a killed `seclake stream` leaves no rules running.
     """
 
     def __init__(self, lake: Lake, settings: Settings, report_every: float) -> None:
