@@ -69,6 +69,9 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     for stage in stages():
         if only and stage.name not in only:
             continue
+        stopped = RuntimeError(f"the Spark application stopped during stage {stage.name} (its last lines above "
+                               "say why, e.g. java.lang.OutOfMemoryError); what committed is kept, the next run "
+                               "resumes from there")
         try:
             rep = run_unless_idle(session, lake, settings, stage)
         except StageError as err:
@@ -77,13 +80,32 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
         except (ConnectionError, Py4JNetworkError) as exc:
             # The JVM died under the stage (an OutOfMemoryError kills it in local mode). Every
             # committed batch stays; a rule in this stage is charged at the next run-once.
-            raise RuntimeError(f"the Spark application stopped during stage {stage.name} (its last lines above say "
-                               "why, e.g. java.lang.OutOfMemoryError); what committed is kept, the next run "
-                               "resumes from there") from exc
+            raise stopped from exc
+        except Exception as exc:
+            if _context_stopped():
+                raise stopped from exc
+            raise
+        if rep.error and _context_stopped():
+            # An OutOfMemoryError can also stop the SparkContext and leave the JVM up: every later
+            # stage would fail with "No active or default Spark session found".
+            raise stopped
         reports.append(rep)
         if on_report:
             on_report(rep)
     return reports
+
+
+def _context_stopped() -> bool:
+    """Whether this process's SparkContext is gone: stopped by Spark, or its JVM dead (False if none was made)."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return False
+    try:
+        return bool(sc._jsc.sc().isStopped())
+    except (ConnectionError, Py4JNetworkError):
+        return True
 
 
 def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable[[], SparkSession]:
