@@ -58,6 +58,8 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     run, so a run-once that finds nothing new starts no JVM. `only` names the stages to run (see
     `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would write
     the same tables and checkpoints (on S3, two drivers committing one table lose commits).
+    If the Spark application stops under a stage (its JVM dies, or Spark stops its context, as
+    an OutOfMemoryError does), the run ends with a RuntimeError naming that stage.
     """
     from pipelines.operations.running import refuse_while_streaming
 
@@ -69,9 +71,6 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     for stage in stages():
         if only and stage.name not in only:
             continue
-        stopped = RuntimeError(f"the Spark application stopped during stage {stage.name} (its last lines above "
-                               "say why, e.g. java.lang.OutOfMemoryError); what committed is kept, the next run "
-                               "resumes from there")
         try:
             rep = run_unless_idle(session, lake, settings, stage)
         except StageError as err:
@@ -80,19 +79,24 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
         except (ConnectionError, Py4JNetworkError) as exc:
             # The JVM died under the stage (an OutOfMemoryError kills it in local mode). Every
             # committed batch stays; a rule in this stage is charged at the next run-once.
-            raise stopped from exc
+            raise _stopped_during(stage.name) from exc
         except Exception as exc:
             if _context_stopped():
-                raise stopped from exc
+                raise _stopped_during(stage.name) from exc
             raise
         if rep.error and _context_stopped():
             # An OutOfMemoryError can also stop the SparkContext and leave the JVM up: every later
             # stage would fail with "No active or default Spark session found".
-            raise stopped
+            raise _stopped_during(stage.name)
         reports.append(rep)
         if on_report:
             on_report(rep)
     return reports
+
+
+def _stopped_during(stage: str) -> RuntimeError:
+    return RuntimeError(f"the Spark application stopped during stage {stage} (its last lines above say why, e.g. "
+                        "java.lang.OutOfMemoryError); what committed is kept, the next run resumes from there")
 
 
 def _context_stopped() -> bool:
@@ -194,6 +198,7 @@ class RulesApp:
         self.restart_at: float | None = None
 
     def __enter__(self) -> RulesApp:
+        # The first start's deadline; `check` starts it sooner once the tables are up.
         self.restart_at = time.monotonic() + RULES_START_MAX_WAIT_SECONDS
         return self
 
