@@ -71,7 +71,9 @@ class DeltaSink:
         """Append `df` as batch `batch_id`; a batch id already committed for this app_id is skipped."""
         # Delta's own write and commit, minus the state rebuild that delta-spark 4.4.0's txn
         # look-up costs on every append (jvm/lake/, docs/tables.md "Exactly once").
-        append = df.sparkSession._jvm.seclake.lake.IdempotentAppend.append
+        jvm = df.sparkSession.sparkContext._jvm
+        assert jvm is not None  # a live session always has its gateway
+        append = jvm.seclake.lake.IdempotentAppend.append
         with delta_errors(self.name):
             version, rows = append(df._jdf, self.uri, self.app_id, batch_id, self.partition_by)
         if version < 0:
