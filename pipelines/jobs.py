@@ -76,12 +76,11 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
         except StageError as err:
             rep = err.report or QueryReport(stage.name)
             rep.error = rep.error or error_summary(err.__cause__ or err)
-        except (ConnectionError, Py4JNetworkError) as exc:
-            # The JVM died under the stage (an OutOfMemoryError kills it in local mode). Every
-            # committed batch stays; a rule in this stage is charged at the next run-once.
-            raise _stopped_during(stage.name) from exc
         except Exception as exc:
-            if _context_stopped():
+            # The JVM died under the stage (an OutOfMemoryError kills it in local mode), or Spark
+            # stopped its context. Every committed batch stays; a rule in this stage is charged at
+            # the next run-once.
+            if isinstance(exc, (ConnectionError, Py4JNetworkError)) or _context_stopped():
                 raise _stopped_during(stage.name) from exc
             raise
         if rep.error and _context_stopped():
