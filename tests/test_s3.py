@@ -3,7 +3,7 @@ localhost (`s3_server` in conftest.py), reached through Hadoop's S3A by Spark an
 pyarrow by seclake's own file operations, through delta-rs by the listings and these checks.
 
 Run with `bash .ci/test -m "s3 or cluster"` (CI does). The SIGKILL test is the fault suite's
-(tests/test_faults.py) with fewer kills: SECLAKE_S3_RESTARTS (default 6).
+(tests/test_faults.py) with fewer kills: SECLAKE_S3_RESTARTS (default 3, one kill per kill point).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from test_faults import (
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(1800)]
 
-RESTARTS = int(os.environ.get("SECLAKE_S3_RESTARTS", "6"))
+RESTARTS = int(os.environ.get("SECLAKE_S3_RESTARTS", "3"))
 
 
 def lake_env(server, lake: ObjectPath, **extra: str) -> dict[str, str]:
