@@ -42,9 +42,9 @@ def resync_after_timeout() -> None:
     context.cancelAllJobs()
 
 
-# The longest test files, longest first (seconds in a clean-clone CI run). CI hands whole files to
-# two workers in collection order (--dist loadfile): a long file sent last would run alone at the
-# end while the other worker idles, so these go first and the many short files fill in behind.
+# The longest test files, longest first (from CI's --durations). CI hands whole files to two workers
+# in collection order (--dist loadfile --no-loadscope-reorder): a long file sent last would run
+# alone at the end while the other worker idles, so these go first and the short files fill in.
 LONGEST_FIRST = ("test_browser", "test_s3", "test_faults", "test_cluster", "test_operations", "test_rules_e2e",
                  "test_kafka", "test_cli_output", "test_assets", "test_table_state")
 
