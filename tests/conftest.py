@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
+from pytest_timeout import PYTEST_FAILURE_MESSAGE
 
 from pipelines.spark import get_spark
 
@@ -57,11 +58,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: each file keeps its own order
 
 
+TIMEOUT_PREFIX = PYTEST_FAILURE_MESSAGE.split("%")[0]  # "Timeout (>"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if call.excinfo is not None and str(call.excinfo.value).startswith("Timeout (>"):
-        resync_after_timeout()
+    if call.excinfo is not None and str(call.excinfo.value).startswith(TIMEOUT_PREFIX):
+        try:
+            resync_after_timeout()
+        except Exception as exc:  # e.g. a query that does not stop: said in the report, not an INTERNALERROR
+            report.sections.append(("resync after timeout", f"{type(exc).__name__}: {exc}"))
     return report
 
 

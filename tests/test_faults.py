@@ -367,7 +367,7 @@ def _wait_for_commit(home: Home, before: dict[str, int], proc: subprocess.Popen,
 
 
 # 8 stream start-ups (each kill point of the cycle twice), a drain and a reference run. With 20 it
-# took 18-39 min in CI, and the whole CI passed 90 minutes on a slow machine. Every kill waits
+# took 18-39 min in CI, and a whole clean-clone CI ran over 90 minutes on a slow day. Every kill waits
 # for an observed event, so a slower machine only takes longer.
 @pytest.mark.timeout(3000)
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, generated, tmp_path):
