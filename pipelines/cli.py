@@ -195,23 +195,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0 if running else 1
 
 
-def configure_logging(verbose: bool) -> None:
-    """seclake's own warnings (INFO with `--verbose`); py4j's only with `--verbose`.
-
-    py4j logs a foreachBatch function's exception with its whole traceback (e.g. a micro-batch
-    interrupted when a stream stops); the query's failure already reports that cause in one line.
-
-    >>> configure_logging(False); logging.getLogger("py4j.clientserver").isEnabledFor(logging.ERROR)
-    False
-    """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.NOTSET if verbose else logging.CRITICAL)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:

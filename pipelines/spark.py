@@ -1,6 +1,7 @@
 """The one place a SparkSession is built."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -100,6 +101,8 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     >>> spark = get_spark(ui=False)
     >>> spark.conf.get("spark.sql.parquet.outputTimestampType")
     'TIMESTAMP_MICROS'
+    >>> logging.getLogger("py4j").isEnabledFor(logging.ERROR)  # unless $SECLAKE_SPARK_LOG_LEVEL asks for it
+    False
     """
     check_java()
     # Python workers (data sources, pandas state processors) must run this interpreter, the one
@@ -110,6 +113,9 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     # FATAL by default: seclake reports a failed query or task in one line of its own, so Spark's
     # ERROR lines (a task's stack trace, "Aborted commit") would only repeat it as a JVM trace.
     log_level = environment.spark_log_level() or "FATAL"
+    # The same for py4j's Python log: it prints a foreachBatch function's exception with its whole
+    # traceback (a micro-batch interrupted when a stream stops), a cause the query reports itself.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL if log_level == "FATAL" else logging.NOTSET)
     settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
                                                  f"-Dseclake.log.level={log_level}")
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
