@@ -73,7 +73,6 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,67 +82,6 @@ import common  # noqa: E402
 HOUR_S = 3600.0
 # run-once's progress line for the etl stage ("run-once [1/16] etl: ...", on stderr): the ETL is done.
 ETL_REPORTED = re.compile(rb"run-once \[\d+/\d+\] etl: ")
-
-
-# ---- the trickled feed ------------------------------------------------------------------------
-
-def _eve_time(line: bytes) -> float | None:
-    try:
-        return datetime.strptime(json.loads(line)["timestamp"], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _zeek_time(line: bytes) -> float | None:
-    try:
-        if line.startswith(b"{"):
-            return float(json.loads(line)["ts"])
-        return float(line.split(b"\t", 1)[0])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def trickle(gen: Path, manifest: dict, out: Path, eve_every: float, zeek_every: float) -> list[dict]:
-    """Cut the generator's hourly files into one file per flush interval and kind.
-
-    Lines go to the interval of their own timestamp (a malformed line follows the line
-    before it); a Zeek TSV file keeps its header block and gets a `#close` line. Returns the
-    files in delivery order: {"due": seconds after the feed's start, "sensor", "path", "lines"}.
-    """
-    start = datetime.fromisoformat(manifest["params"]["start"].replace("Z", "+00:00")).timestamp()
-    end_s = (datetime.fromisoformat(manifest["params"]["end"].replace("Z", "+00:00")).timestamp() - start)
-    chunks: dict[tuple[str, str, int], dict] = {}
-    for f in manifest["files"]:
-        sensor = f["sensor"]
-        kind = Path(f["path"]).name.split(".")[0]
-        every = eve_every if sensor == "suricata" else zeek_every
-        when = _eve_time if sensor == "suricata" else _zeek_time
-        header: list[bytes] = []
-        last, data = 0, False
-        # Bytes, not text: the generator writes some malformed lines that are not valid UTF-8.
-        for line in (gen / f["path"]).read_bytes().splitlines(keepends=True):
-            if line.startswith(b"#"):
-                if not data:  # the header block above the first data line; later ones (#close) are dropped
-                    header.append(line)
-                continue
-            data = True
-            t = when(line)
-            bucket = last if t is None else min(max(0, int((t - start) // every)), int((end_s - 1) // every))
-            last = bucket
-            chunk = chunks.setdefault((sensor, kind, bucket), {"lines": [], "header": header})
-            chunk["lines"].append(line)
-    files = []
-    for (sensor, kind, bucket), chunk in chunks.items():
-        every = eve_every if sensor == "suricata" else zeek_every
-        stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(start + bucket * every))
-        name = f"{kind}.{stamp}.json" if sensor == "suricata" else f"{kind}.{stamp}.log"
-        path = out / sensor / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tail = b"" if sensor == "suricata" or not chunk["header"] else f"#close\t{stamp}\n".encode()
-        path.write_bytes(b"".join(chunk["header"]) + b"".join(chunk["lines"]) + tail)
-        files.append({"due": (bucket + 1) * every, "sensor": sensor, "path": path, "lines": len(chunk["lines"])})
-    files.sort(key=lambda f: (f["due"], str(f["path"])))
-    return files
 
 
 def deliver(files: list[dict], home: Path) -> int:
@@ -298,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = work / "gen"
     manifest = common.generate(gen, hours=max(0.1, math.ceil(feed_s / 60) / 60), hosts=args.hosts, seed=args.seed,
                                late_rate=0.0)
-    files = trickle(gen, manifest, work / "trickle", args.eve_every, args.zeek_every)
+    files = common.trickle(gen, manifest, work / "trickle", args.eve_every, args.zeek_every)
     parts = {"warm": [f for f in files if args.skip < f["due"] <= w0],
              "window": [f for f in files if w0 < f["due"] <= w0 + args.window],
              "runonce": [f for f in files if w0 + args.window < f["due"] <= feed_s]}

@@ -1,7 +1,7 @@
 /*
 id: 5c284923-fe82-4abe-a092-1675e2d3c4fe
 name: Unknown device on the network
-version: 2
+version: 3
 severity: medium
 mitre: [T1200]
 description: >
@@ -17,6 +17,7 @@ references:
 tables: [enriched_conn]
 event_time: event_time
 window: 1 hour
+emit: crossed                 # any attributed connection qualifies: alert in the batch that sees the first one
 */
 WITH unregistered AS (
     SELECT src_ip, mac, device, owner, hostname, event_time, dst_ip, dst_port
@@ -36,7 +37,7 @@ SELECT
     count(*) AS connection_records,
     slice(array_sort(collect_set(dst_port)), 1, 10) AS dst_ports,
     concat('MAC ', mac, ' (DHCP hostname ', coalesce(max(hostname), '?'), ') is not in the inventory; ',
-           count(*), ' connection records in 1 hour to ports ',
+           count(*), ' connection records to ports ',
            array_join(slice(array_sort(collect_set(dst_port)), 1, 5), ', ')) AS evidence
 FROM unregistered
 GROUP BY src_ip, mac, device, owner, window(event_time, '1 hour')
