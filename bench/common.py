@@ -104,6 +104,9 @@ def trickle(gen: Path, manifest: dict, out: Path, eve_every: float, zeek_every: 
     before it); a Zeek TSV file keeps its header block and gets a `#close` line. Returns the
     files in delivery order: {"due": seconds after the feed's start, "sensor", "path", "lines"}.
     """
+    if min(eve_every, zeek_every) < 1:  # file names carry the interval's start to the second
+        raise ValueError(f"flush intervals must be at least 1 s of event time, got EVE {eve_every:g} s, "
+                         f"Zeek {zeek_every:g} s")
     start = datetime.fromisoformat(manifest["params"]["start"].replace("Z", "+00:00")).timestamp()
     end_s = (datetime.fromisoformat(manifest["params"]["end"].replace("Z", "+00:00")).timestamp() - start)
     chunks: dict[tuple[str, str, int], dict] = {}
