@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from py4j.protocol import Py4JNetworkError
@@ -24,13 +25,14 @@ from pipelines.lake.registry import Lake
 from pipelines.query import (
     QueryReport,
     RunningQuery,
+    Stage,
     error_summary,
     processing_time,
     report,
     stop_between_batches,
 )
 from pipelines.settings import Settings
-from pipelines.stages import StageError, run_unless_idle, stages, table_stages
+from pipelines.stages import StageError, run_unless_idle, stages, table_stages, waves
 
 log = logging.getLogger("seclake")
 
@@ -48,7 +50,8 @@ RULES_START_MAX_WAIT_SECONDS = 60.0
 def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, settings: Settings = Settings(),
              only: list[str] | None = None, on_report: Callable[[QueryReport], None] | None = None
              ) -> list[QueryReport]:
-    """Process everything available now through each stage in order, then stop.
+    """Process everything available now through each stage in order, then stop. The stages of a
+    wave (`stages.waves`: the enriched tables) run at once, as they do in `seclake stream`.
 
     A stage that fails is reported (its report's `error`) and the later stages still run on what
     committed. A stage that would process nothing (`stages.run_unless_idle`: nothing new in
@@ -59,7 +62,7 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     `seclake run-once --only`). Refused while `seclake stream` runs on the home: both would write
     the same tables and checkpoints (on S3, two drivers committing one table lose commits).
     If the Spark application stops under a stage (its JVM dies, or Spark stops its context, as
-    an OutOfMemoryError does), the run ends with a RuntimeError naming that stage.
+    an OutOfMemoryError does), the run ends with a RuntimeError naming the stage(s) it ran.
     """
     from pipelines.operations.running import refuse_while_streaming
 
@@ -68,33 +71,56 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     _follow_move(lake)
     session = _session_maker(spark)
     reports = []
-    for stage in stages():
-        if only and stage.name not in only:
-            continue
-        try:
-            rep = run_unless_idle(session, lake, settings, stage)
-        except StageError as err:
-            rep = err.report or QueryReport(stage.name)
-            rep.error = rep.error or error_summary(err.__cause__ or err)
-        except Exception as exc:
-            # The JVM died under the stage (an OutOfMemoryError kills it in local mode), or Spark
-            # stopped its context. Every committed batch stays; a rule in this stage is charged at
-            # the next run-once.
-            if isinstance(exc, (ConnectionError, Py4JNetworkError)) or _context_stopped():
-                raise _stopped_during(stage.name) from exc
-            raise
-        if rep.error and _context_stopped():
-            # An OutOfMemoryError can also stop the SparkContext and leave the JVM up: every later
-            # stage would fail with "No active or default Spark session found".
-            raise _stopped_during(stage.name)
-        reports.append(rep)
-        if on_report:
-            on_report(rep)
+    for wave in waves(stages()):
+        wave = [stage for stage in wave if not only or stage.name in only]
+        for rep in _run_wave(session, lake, settings, wave):
+            reports.append(rep)
+            if on_report:
+                on_report(rep)
     return reports
 
 
-def _stopped_during(stage: str) -> RuntimeError:
-    return RuntimeError(f"the Spark application stopped during stage {stage} (its last lines above say why, e.g. "
+def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage]
+              ) -> list[QueryReport]:
+    """Run the stages of one wave (`stages.waves`) at once, each in a thread of its own; their
+    reports in the wave's order. RuntimeError naming the stages if the Spark application stopped."""
+    if len(wave) <= 1:
+        outcomes = [_outcome(session, lake, settings, stage) for stage in wave]
+    else:
+        with ThreadPoolExecutor(len(wave), thread_name_prefix="run-once") as pool:
+            outcomes = list(pool.map(lambda stage: _outcome(session, lake, settings, stage), wave))
+    stopped = [stage.name for stage, outcome in zip(wave, outcomes) if isinstance(outcome, BaseException)]
+    if stopped:
+        cause = next(o for o in outcomes if isinstance(o, BaseException))
+        if isinstance(cause, (ConnectionError, Py4JNetworkError)) or _context_stopped():
+            raise _stopped_during(stopped) from cause
+        raise cause
+    reports = [o for o in outcomes if isinstance(o, QueryReport)]
+    if any(rep.error for rep in reports) and _context_stopped():
+        # An OutOfMemoryError can also stop the SparkContext and leave the JVM up: every later
+        # stage would fail with "No active or default Spark session found".
+        raise _stopped_during([rep.name for rep in reports if rep.error])
+    return reports
+
+
+def _outcome(session: Callable[[], SparkSession], lake: Lake, settings: Settings, stage: Stage
+             ) -> QueryReport | BaseException:
+    """`stage`'s report (its `error` when its query failed), or the exception that ended it otherwise
+    (the JVM died under it, or Spark stopped its context: every committed batch stays; a rule
+    stage is charged at the next run-once)."""
+    try:
+        return run_unless_idle(session, lake, settings, stage)
+    except StageError as err:
+        rep = err.report or QueryReport(stage.name)
+        rep.error = rep.error or error_summary(err.__cause__ or err)
+        return rep
+    except Exception as exc:
+        return exc
+
+
+def _stopped_during(stages: list[str]) -> RuntimeError:
+    which = f"stage {stages[0]}" if len(stages) == 1 else f"stages {', '.join(stages)}"
+    return RuntimeError(f"the Spark application stopped during {which} (its last lines above say why, e.g. "
                         "java.lang.OutOfMemoryError); what committed is kept, the next run resumes from there")
 
 
@@ -115,7 +141,14 @@ def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable
     if isinstance(spark, SparkSession):
         session = spark
         return lambda: session
-    return functools.cache(spark)
+    make = functools.cache(spark)
+    lock = threading.Lock()  # the stages of a wave may ask at once: one session, made once
+
+    def session_once() -> SparkSession:
+        with lock:
+            return make()
+
+    return session_once
 
 
 def _follow_move(lake: Lake) -> None:

@@ -99,6 +99,32 @@ def parts(stage: Stage, all_stages: list[Stage]) -> list[Stage]:
     return [s for s in all_stages if s.part_of == stage.name]
 
 
+def waves(all_stages: list[Stage]) -> list[list[Stage]]:
+    """`all_stages` (in order) cut into runs of consecutive stages that may run at once: table
+    stages none of which reads a table another one of the run writes, nor writes one that another
+    writes (tables several stages append to, `late_events`, aside). A rule stage runs alone: a
+    rule that kills the application must be the one charged for it (docs/rules.md).
+
+    `seclake stream` runs every table query at once; run-once does the same within a wave, where
+    one stage's planning and commits fill the cores while another's tasks run.
+
+    >>> [[s.name for s in wave] for wave in waves(stages())][1:4]
+    [['end_of_input'], ['dhcp_leases'], ['enriched_conn', 'enriched_dns', 'enriched_ids_alerts']]
+    """
+    shared = shared_tables(all_stages)
+    rules = {s.name for s in all_stages if s not in table_stages(all_stages)}
+    found: list[list[Stage]] = []
+    for stage in all_stages:
+        wave = found[-1] if found else []
+        written = {t for s in wave for t in s.writes if t not in shared}
+        if (wave and stage.name not in rules and not any(s.name in rules for s in wave)
+                and not written & set(stage.reads) and not written & set(stage.writes)):
+            wave.append(stage)
+        else:
+            found.append([stage])
+    return found
+
+
 def idle(lake: Lake, stage: Stage) -> bool:
     """True when starting `stage` now would process nothing, told from files alone (no JVM): its
     own `idle` test, else its checkpoint has read every commit of the tables it reads
