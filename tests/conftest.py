@@ -43,32 +43,18 @@ def resync_after_timeout() -> None:
     context.cancelAllJobs()
 
 
-# CI runs every test in one pytest-xdist session on two workers (--dist loadgroup): a unit of work
-# is a test file (its module fixtures stay shared), or the tests that name one xdist_group. The
-# longest units go first (from CI's --durations): a long unit sent last would run alone at the
-# end while the other worker idles, so these go first and the short files fill in. Kept by hand:
-# a new long file belongs here.
-LONGEST_FIRST = ("rules_and_kafka", "sigkill", "test_s3", "test_browser", "test_cluster", "test_rules_e2e",
-                 "test_operations", "test_kafka", "test_cli_output", "test_assets", "test_faults", "test_table_state")
+# The longest test files, longest first (from CI's --durations). CI hands whole files to two workers
+# in collection order (--dist loadfile --no-loadscope-reorder): a long file sent last would run
+# alone at the end while the other worker idles, so these go first and the short files fill in.
+LONGEST_FIRST = ("test_browser", "test_s3", "test_faults", "test_cluster", "test_operations", "test_rules_e2e",
+                 "test_kafka", "test_cli_output", "test_assets", "test_table_state")
 
 
-def work_unit(item: pytest.Item) -> str:
-    """The item's xdist group: the one it names, else its file's path."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return item.nodeid.split("::")[0]
-    return str(mark.args[0] if mark.args else mark.kwargs["name"])
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        unit = Path(work_unit(item)).stem
-        return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
+        name = item.path.stem
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     items.sort(key=rank)  # stable: each file keeps its own order
 
 
