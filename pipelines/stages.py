@@ -112,13 +112,13 @@ def waves(all_stages: list[Stage]) -> list[list[Stage]]:
     [['end_of_input'], ['dhcp_leases'], ['enriched_conn', 'enriched_dns', 'enriched_ids_alerts']]
     """
     shared = shared_tables(all_stages)
-    rules = {s.name for s in all_stages if s not in table_stages(all_stages)}
+    tables = {s.name for s in table_stages(all_stages)}
     found: list[list[Stage]] = []
     for stage in all_stages:
         wave = found[-1] if found else []
-        written = {t for s in wave for t in s.writes if t not in shared}
-        if (wave and stage.name not in rules and not any(s.name in rules for s in wave)
-                and not written & set(stage.reads) and not written & set(stage.writes)):
+        written = {t for s in wave for t in s.writes}
+        if (wave and stage.name in tables and all(s.name in tables for s in wave)
+                and not written & set(stage.reads) and not (written - set(shared)) & set(stage.writes)):
             wave.append(stage)
         else:
             found.append([stage])
