@@ -46,8 +46,11 @@ def resync_after_timeout() -> None:
 # The longest test files, longest first (from CI's --durations). CI hands whole files to two workers
 # in collection order (--dist loadfile --no-loadscope-reorder): a long file sent last would run
 # alone at the end while the other worker idles, so these go first and the short files fill in.
-LONGEST_FIRST = ("test_browser", "test_s3", "test_faults", "test_cluster", "test_operations", "test_rules_e2e",
-                 "test_kafka", "test_cli_output", "test_assets", "test_table_state")
+# In the fault suite (-m faults) the files are test_sigkill (one test), test_faults and test_kafka
+# (one test each): xdist gives each worker its first file and, to a worker with at most two tests
+# waiting, the next one at once, so test_kafka's SIGKILL test follows test_sigkill's on one worker.
+LONGEST_FIRST = ("test_browser", "test_s3", "test_sigkill", "test_faults", "test_cluster", "test_operations",
+                 "test_rules_e2e", "test_kafka", "test_cli_output", "test_assets", "test_table_state")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -103,10 +106,20 @@ def small_input(tmp_path_factory):
     return out, generate(out, hours=3, hosts=8, seed=18, start="2026-11-20T00:00:00Z")
 
 
+def session_folder(tmp_path_factory, worker_id: str) -> Path:
+    """A folder of this pytest session that every xdist worker sees (the workers' temporary folders
+    sit side by side in it); the session's own temporary folder without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
 @pytest.fixture(scope="session")
-def local_reference(spark, small_input, tmp_path_factory):
-    """`small_input` through the whole pipeline once, in this process, with a local lake: what a run
-    on object storage or on a cluster must equal."""
+def local_reference(spark, small_input, tmp_path_factory, worker_id):
+    """`small_input` through the whole pipeline once, in one process, with a local lake: what a run
+    on object storage or on a cluster must equal. Built once per test session: the first worker
+    that needs it builds it under a lock while any other waits, then every worker reads it (the
+    tests only read it), which saves a whole run-once on a 2-core CI machine."""
+    import fcntl
     import shutil
 
     from pipelines.home import Home
@@ -114,16 +127,23 @@ def local_reference(spark, small_input, tmp_path_factory):
     from pipelines.lake.registry import Lake
     from pipelines.settings import Settings
 
-    gen, manifest = small_input
-    home = Home(tmp_path_factory.mktemp("local-reference")).create()
-    shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
-    for f in manifest["files"]:
-        target = home.landing / f["sensor"] / Path(f["path"]).name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(gen / f["path"], target)
-    reports = run_once(spark, Lake(home), Settings())
-    assert all(r.error is None for r in reports), [r.line() for r in reports]
-    return home
+    gen, manifest = small_input  # generate() is deterministic: every worker's input is the same
+    root = session_folder(tmp_path_factory, worker_id) / "local-reference"
+    with open(root.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the build fails
+        built = root / ".built"
+        if not built.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed half-way
+            home = Home(root).create()
+            shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
+            for f in manifest["files"]:
+                target = home.landing / f["sensor"] / Path(f["path"]).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(gen / f["path"], target)
+            reports = run_once(spark, Lake(home), Settings())
+            assert all(r.error is None for r in reports), [r.line() for r in reports]
+            built.touch()
+    return Home(root)
 
 
 @pytest.fixture

@@ -396,7 +396,6 @@ class SensorFeed:
 
 
 @pytest.mark.faults
-@pytest.mark.xdist_group("rules_and_kafka")  # beside the bad-rules test in CI (tests/test_faults.py)
 @pytest.mark.timeout(1800)
 def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing(broker, small_input,
                                                                                   local_reference, tmp_path):
