@@ -230,14 +230,12 @@ def landing_files(gen: Path, manifest: dict) -> list[tuple[Path, str]]:
     return [(gen / f["path"], f["sensor"]) for f in manifest["files"]]
 
 
-def generate_fault_input(out: Path) -> tuple[Path, dict]:
-    """A small generated input: 6 night hours of 5 devices (~30k events, 24+ files)."""
-    return out, generate(out, hours=6, hosts=5, seed=SEED % 1000, start="2026-11-20T00:00:00Z")
-
-
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    return generate_fault_input(tmp_path_factory.mktemp("faults-gen"))
+    """A small generated input: 6 night hours of 5 devices (~30k events, 24+ files)."""
+    out = tmp_path_factory.mktemp("faults-gen")
+    manifest = generate(out, hours=6, hosts=5, seed=SEED % 1000, start="2026-11-20T00:00:00Z")
+    return out, manifest
 
 
 # ---- SIGKILL at random points while files keep arriving ------------------------------------
