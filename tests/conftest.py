@@ -46,8 +46,8 @@ def resync_after_timeout() -> None:
 # The longest test files, longest first (from CI's --durations). CI hands whole files to two workers
 # in collection order (--dist loadfile --no-loadscope-reorder): a long file sent last would run
 # alone at the end while the other worker idles, so these go first and the short files fill in.
-# In the fault suite (-m faults) the files are test_sigkill (one test), test_faults and test_kafka
-# (one test each): xdist gives each worker its first file and, to a worker with at most two tests
+# In the fault suite (-m faults) the files are test_sigkill (one test), test_faults (seven) and
+# test_kafka (one): xdist gives each worker its first file and, to a worker with at most two tests
 # waiting, the next one at once, so test_kafka's SIGKILL test follows test_sigkill's on one worker.
 LONGEST_FIRST = ("test_browser", "test_s3", "test_sigkill", "test_faults", "test_cluster", "test_operations",
                  "test_rules_e2e", "test_kafka", "test_cli_output", "test_assets", "test_table_state")

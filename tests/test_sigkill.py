@@ -6,6 +6,8 @@ Part of the fault suite (`pytest -m faults`). In a file of its own so that CI's 
 SIGKILL test, while the other worker runs tests/test_faults.py (bad rules, bad input).
 
 Knobs (environment): SECLAKE_FAULT_RESTARTS (default 4, each kill point once) and SECLAKE_FAULT_SEED.
+The input has 12 files and each run gets one or two: past 5 restarts they can run out, and a kill
+"after a commit" then waits its whole 240 s for a commit that cannot come before it kills.
 """
 from __future__ import annotations
 
