@@ -32,7 +32,7 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.settings import Settings
-from pipelines.stages import StageError, run_unless_idle, stages, table_stages, waves
+from pipelines.stages import StageError, idle, is_rule, run_unless_idle, stages, table_stages, waiting, waves
 
 log = logging.getLogger("seclake")
 
@@ -51,7 +51,8 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
              only: list[str] | None = None, on_report: Callable[[QueryReport], None] | None = None
              ) -> list[QueryReport]:
     """Process everything available now through each stage in order, then stop. The stages of a
-    wave (`stages.waves`: the enriched tables) run at once, as they do in `seclake stream`.
+    wave (`stages.waves`: the enriched tables, then the rules) run at once, as they do in
+    `seclake stream`; a rule suspected of killing the application runs alone (`_probation`).
 
     A stage that fails is reported (its report's `error`) and the later stages still run on what
     committed. A stage that would process nothing (`stages.run_unless_idle`: nothing new in
@@ -73,21 +74,40 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     reports = []
     for wave in waves(stages()):
         wave = [stage for stage in wave if not only or stage.name in only]
-        for rep in _run_wave(session, lake, settings, wave):
-            reports.append(rep)
-            if on_report:
-                on_report(rep)
+        for group in _probation(session, lake, settings, wave):
+            for rep in _run_wave(session, lake, settings, group):
+                reports.append(rep)
+                if on_report:
+                    on_report(rep)
     return reports
+
+
+def _probation(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage]
+               ) -> list[list[Stage]]:
+    """`wave` cut into the groups to run one after the other. The rules' wave: each rule suspected
+    of killing the application in an earlier run-once alone first (a death then names it), then
+    the others together (`pipelines.rules.engine.prepare_rules`). The session is only made when a
+    rule has work or a death is left to charge: a run-once with nothing new starts no JVM."""
+    from pipelines.rules.engine import in_flight, prepare_rules
+
+    if not wave or not all(is_rule(s) for s in wave):
+        return [wave]
+    if not in_flight(lake, "once") and all(waiting(lake, s) or idle(lake, s) for s in wave):
+        return [wave]
+    suspects = prepare_rules(session(), lake, settings)
+    return [*([s] for s in wave if s.name in suspects), [s for s in wave if s.name not in suspects]]
 
 
 def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage]
               ) -> list[QueryReport]:
-    """Run the stages of one wave (`stages.waves`) at once, each in a thread of its own; their
-    reports in the wave's order. RuntimeError naming the stages if the Spark application stopped."""
+    """Run the stages of one wave (`stages.waves`) at once, `settings.stages_at_once` at a time, each
+    in a thread of its own; their reports in the wave's order. RuntimeError naming the stages still
+    running or waiting to if the Spark application stopped."""
     if len(wave) <= 1:
         outcomes = [_outcome(session, lake, settings, stage) for stage in wave]
     else:
-        with ThreadPoolExecutor(len(wave), thread_name_prefix="run-once") as pool:
+        threads = max(1, min(len(wave), settings.stages_at_once))
+        with ThreadPoolExecutor(threads, thread_name_prefix="run-once") as pool:
             outcomes = list(pool.map(lambda stage: _outcome(session, lake, settings, stage), wave))
     stopped = [stage.name for stage, outcome in zip(wave, outcomes) if isinstance(outcome, BaseException)]
     if stopped:

@@ -59,7 +59,7 @@ def table_stages(all_stages: list[Stage]) -> list[Stage]:
     >>> [s.name for s in table_stages(stages())][-1]
     'enriched_ids_alerts'
     """
-    return [s for s in all_stages if set(s.writes) != {ALERTS_TABLE}]
+    return [s for s in all_stages if not is_rule(s)]
 
 
 def shared_tables(all_stages: list[Stage]) -> dict[str, list[Stage]]:
@@ -102,14 +102,17 @@ def parts(stage: Stage, all_stages: list[Stage]) -> list[Stage]:
 def waves(all_stages: list[Stage]) -> list[list[Stage]]:
     """`all_stages` (in order) cut into runs of consecutive stages that may run at once: table
     stages none of which reads a table another one of the run writes, nor writes one that another
-    writes (tables several stages append to, `late_events`, aside). A rule stage runs alone: a
-    rule that kills the application must be the one charged for it (docs/rules.md).
+    writes (tables several stages append to, `late_events`, aside); and the rule stages, which
+    only append to `alerts`. Which rule killed the application is told by probation
+    (`pipelines.rules.engine.prepare_rules`: suspects of a death run alone).
 
     `seclake stream` runs every table query at once; run-once does the same within a wave, where
     one stage's planning and commits fill the cores while another's tasks run.
 
     >>> [[s.name for s in wave] for wave in waves(stages())][1:4]
     [['end_of_input'], ['dhcp_leases'], ['enriched_conn', 'enriched_dns', 'enriched_ids_alerts']]
+    >>> len(waves(stages())[-1]) == len(stages()) - len(table_stages(stages()))
+    True
     """
     shared = shared_tables(all_stages)
     tables = {s.name for s in table_stages(all_stages)}
@@ -117,12 +120,22 @@ def waves(all_stages: list[Stage]) -> list[list[Stage]]:
     for stage in all_stages:
         wave = found[-1] if found else []
         written = {t for s in wave for t in s.writes}
-        if (wave and stage.name in tables and all(s.name in tables for s in wave)
-                and not written & set(stage.reads) and not (written - set(shared)) & set(stage.writes)):
+        together = (all(s.name in tables for s in wave) and stage.name in tables
+                    and not written & set(stage.reads) and not (written - set(shared)) & set(stage.writes))
+        if wave and (together or is_rule(stage) and all(is_rule(s) for s in wave)):
             wave.append(stage)
         else:
             found.append([stage])
     return found
+
+
+def is_rule(stage: Stage) -> bool:
+    """A rule's stage: it only appends to `alerts`.
+
+    >>> [is_rule(s) for s in stages()][:1], is_rule(stages()[-1])
+    ([False], True)
+    """
+    return set(stage.writes) == {ALERTS_TABLE}
 
 
 def idle(lake: Lake, stage: Stage) -> bool:
@@ -212,9 +225,21 @@ def run_unless_idle(spark: Callable[[], SparkSession], lake: Lake, settings: Set
     ...     run_unless_idle(print, Lake(Home.resolve(tmp)), Settings(), stages()[2]).line()
     'dhcp_leases: waiting for input: no silver_dhcp, end_of_input yet (not started)'
     """
-    if stage.reads and not any(lake.exists(t) for t in stage.reads):
+    if waiting(lake, stage):
         # No input written yet (a home before its first logs): nothing to read, not a failure.
         return QueryReport(stage.name, note=f"waiting for input: no {', '.join(stage.reads)} yet (not started)")
     if idle(lake, stage):
         return QueryReport(stage.name, skipped=True)
     return run_stage(spark(), lake, settings, stage)
+
+
+def waiting(lake: Lake, stage: Stage) -> bool:
+    """True when none of the tables `stage` reads exists yet (told from files alone).
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     waiting(Lake(Home.resolve(tmp)), stages()[2])
+    True
+    """
+    return bool(stage.reads) and not any(lake.exists(t) for t in stage.reads)

@@ -16,8 +16,9 @@ from pipelines.home import Home
 from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp
 from pipelines.lake.registry import Lake
 from pipelines.query import StoppedQuery
-from pipelines.rules.engine import DIED, RUNNING_MARKER, RuleManager, stop_rule
+from pipelines.rules.engine import DIED, RUNNING_MARKER, RuleManager, prepare_rules, stop_rule
 from pipelines.rules.health import DISABLED, FAILING, INVALID, OK
+from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import validate_rule
 from pipelines.rules.status import PLATFORM_RULE_ID, RULE_STATUS_TABLE, RuleStatus, utc_now
 from pipelines.settings import Settings
@@ -127,6 +128,30 @@ def test_a_rule_the_application_died_in_is_charged_at_its_next_start(spark, tmp_
     rep = run_all(spark, lake, [rule])[0]
     assert rep.rows_out == {"alerts": 1} and not (checkpoint / RUNNING_MARKER).exists()
     assert RuleStatus(spark, lake).get(rule.slug, rule.content_hash).state == OK  # a good batch clears it
+
+
+def test_a_run_once_death_among_several_rules_makes_suspects_probed_alone_and_a_lone_one_is_charged(spark, lake):
+    """Run-once runs the rules side by side (`stages.waves`): the rules a dead run left in a batch
+    become suspects, not backed off and never disabled by that death, which the next run-once
+    runs alone first (`prepare_rules`); a rule left alone in a batch is charged in full."""
+    pack = {rule.slug: rule for rule in scan_rules(default_rules_dir()).rules}
+    a, b = pack["dga_nxdomain_burst"], pack["dns_tunneling"]
+    for rule in (a, b):
+        checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+        checkpoint.mkdir(parents=True)
+        (checkpoint / RUNNING_MARKER).write_text("once")
+    settings = Settings().with_overrides({"rule_max_failures": "1"})
+    assert prepare_rules(spark, lake, settings) == {a.query_name, b.query_name}
+    for rule in (a, b):
+        health = RuleStatus(spark, lake).get(rule.slug, rule.content_hash)
+        assert (health.state, health.reason) == (FAILING, DIED) and health.may_start(utc_now()), health
+        assert not (lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER).exists()
+    assert lake.exists("alerts") and lake.exists(RULE_STATUS_TABLE)
+
+    # The probe of `a` died: only its marker is left, so it is the culprit.
+    (lake.home.checkpoint(a.checkpoint_name) / RUNNING_MARKER).write_text("once")
+    assert prepare_rules(spark, lake, settings) == {b.query_name}
+    assert RuleStatus(spark, lake).get(a.slug, a.content_hash).state == DISABLED
 
 
 def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(tmp_path, lake, monkeypatch):

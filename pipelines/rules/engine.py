@@ -48,7 +48,7 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.rules.alerts import alert_frame, unseen
-from pipelines.rules.health import DISABLED, RuleHealth
+from pipelines.rules.health import DISABLED, FAILING, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
 from pipelines.rules.status import (
@@ -59,7 +59,7 @@ from pipelines.rules.status import (
     rule_status,
     utc_now,
 )
-from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, lookup_view, table_path
+from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE, lookup_view, table_path
 from pipelines.settings import Settings
 from pipelines.triage.suppressions import mark
 
@@ -135,7 +135,7 @@ class AlertWriter:
             stats.record(result)
         self.history.append(stats)
         health = self.status.get(self.rule.slug, self.content_hash)
-        if health.failures:
+        if health.state == FAILING:  # failures counted, or a suspect of a death (counted as 0 at most)
             self.status.put(health.succeeded())
         self._report_late()
 
@@ -384,36 +384,59 @@ def watch_rule(running: RunningQuery, now: float) -> None:
 
 
 def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
-                     rules_dir: str | os.PathLike | None = None) -> list[str]:
-    """After the rules application died by itself: charge every deployed rule that was in a
-    micro-batch (its "stream" marker is still there); return their slugs.
+                     rules_dir: str | os.PathLike | None = None, kind: str = "stream") -> list[str]:
+    """After the application running the rules died: charge every deployed rule that was in a
+    micro-batch (its `kind` of marker, "stream" or "once", is still there); return their slugs.
 
-    A rule already suspected of a death (on probation: suspects restart one at a time) is charged
-    a failure in full; the others become suspects, counted but never disabled by this death,
-    since an innocent rule in a batch beside the culprit cannot be told from it.
+    A rule already suspected of a death (on probation: suspects run one at a time) is charged a
+    failure in full; the others become suspects, counted but never disabled by this death, since
+    an innocent rule in a batch beside the culprit cannot be told from it. Under run-once a rule
+    left alone in a batch is charged in full too: its marker is written before its query starts,
+    so no other rule was running. A run-once suspect is not backed off: the next run-once probes it.
     """
     status = rule_status(spark, lake)
-    charged = []
-    for rule in scan_rules(rules_dir or default_rules_dir()).rules:
-        marker = lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER
-        if marker.is_file() and marker.read_text() == "stream":
-            health = status.get(rule.slug, rule.content_hash)
-            if health.reason == DIED:
-                record_failure(status, settings, rule, DIED)
-            else:
-                status.put(health.suspected(DIED, utc_now(), max_failures=settings.rule_max_failures,
-                                            retry_s=interval_seconds(settings.rule_retry)))
-            marker.unlink()
-            charged.append(rule.slug)
-    return charged
+    flying = [(rule, marker) for rule in scan_rules(rules_dir or default_rules_dir()).rules
+              if (marker := lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER).is_file()
+              and marker.read_text() == kind]
+    alone = kind == "once" and len(flying) == 1
+    retry_s = 0.0 if kind == "once" else interval_seconds(settings.rule_retry)
+    for rule, marker in flying:
+        health = status.get(rule.slug, rule.content_hash)
+        if alone or health.reason == DIED:
+            record_failure(status, settings, rule, DIED)
+        else:
+            status.put(health.suspected(DIED, utc_now(), max_failures=settings.rule_max_failures, retry_s=retry_s))
+        marker.unlink()
+    return [rule.slug for rule, _ in flying]
+
+
+def prepare_rules(spark: SparkSession, lake: Lake, settings: Settings) -> set[str]:
+    """Before run-once starts the rules' wave: charge the rules a run-once that died left in a
+    batch (`charge_in_flight`), create the tables every rule appends to or looks up (one thread
+    creates each, instead of several racing), and return the query names of the rules on
+    probation (suspected of a death): run-once runs each of them alone, first.
+    """
+    charge_in_flight(spark, lake, settings, kind="once")
+    pack = scan_rules(default_rules_dir())
+    lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
+    lake.ensure(spark, RULE_STATUS_TABLE)
+    for table in sorted({t for rule in pack.rules for t in rule.lookups}):
+        lake.ensure(spark, table)
+    status = rule_status(spark, lake)
+    return {rule.query_name for rule in pack.rules
+            if (health := status.get(rule.slug, rule.content_hash)).state == FAILING and health.reason == DIED}
+
+
+def in_flight(lake: Lake, kind: str) -> list[Path]:
+    """The in-batch markers of `kind` ("once", "stream") left in the rules' checkpoints."""
+    return [m for m in lake.home.checkpoints.glob(f"rule_*/**/{RUNNING_MARKER}") if m.read_text() == kind]
 
 
 def clear_in_flight(lake: Lake) -> None:
     """Remove the "stream" markers a rules application killed together with its parent left:
     a killed `seclake stream` charges no rule."""
-    for marker in lake.home.checkpoints.glob(f"rule_*/**/{RUNNING_MARKER}"):
-        if marker.read_text() == "stream":
-            marker.unlink(missing_ok=True)
+    for marker in in_flight(lake, "stream"):
+        marker.unlink(missing_ok=True)
 
 
 def record_failure(status: RuleStatus, settings: Settings, rule: Rule, reason: str) -> RuleHealth:
