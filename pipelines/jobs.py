@@ -32,7 +32,17 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.settings import Settings
-from pipelines.stages import StageError, idle, is_rule, run_unless_idle, stages, table_stages, waiting, waves
+from pipelines.stages import (
+    StageError,
+    idle,
+    is_rule,
+    run_stage,
+    run_unless_idle,
+    stages,
+    table_stages,
+    waiting,
+    waves,
+)
 
 log = logging.getLogger("seclake")
 
@@ -74,8 +84,8 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     reports = []
     for wave in waves(stages()):
         wave = [stage for stage in wave if not only or stage.name in only]
-        for group in _probation(session, lake, settings, wave):
-            for rep in _run_wave(session, lake, settings, group):
+        for group, probe in _probation(session, lake, settings, wave):
+            for rep in _run_wave(session, lake, settings, group, probe):
                 reports.append(rep)
                 if on_report:
                     on_report(rep)
@@ -83,32 +93,33 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
 
 
 def _probation(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage]
-               ) -> list[list[Stage]]:
-    """`wave` cut into the groups to run one after the other. The rules' wave: each rule suspected
-    of killing the application in an earlier run-once alone first (a death then names it), then
+               ) -> list[tuple[list[Stage], bool]]:
+    """`wave` cut into the groups to run one after the other, each with whether it is a probe. The
+    rules' wave: each rule suspected of killing the application in an earlier run-once alone first,
+    as a probe (started even with nothing new: ending cleanly clears it; a death names it), then
     the others together (`pipelines.rules.engine.prepare_rules`). The session is only made when a
     rule has work or a death is left to charge: a run-once with nothing new starts no JVM."""
     from pipelines.rules.engine import in_flight, prepare_rules
 
     if not wave or not all(is_rule(s) for s in wave):
-        return [wave]
+        return [(wave, False)]
     if not in_flight(lake, "once") and all(waiting(lake, s) or idle(lake, s) for s in wave):
-        return [wave]
+        return [(wave, False)]
     suspects = prepare_rules(session(), lake, settings)
-    return [*([s] for s in wave if s.name in suspects), [s for s in wave if s.name not in suspects]]
+    return [*(([s], True) for s in wave if s.name in suspects), ([s for s in wave if s.name not in suspects], False)]
 
 
-def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage]
-              ) -> list[QueryReport]:
+def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage],
+              probe: bool = False) -> list[QueryReport]:
     """Run the stages of one wave (`stages.waves`) at once, `settings.stages_at_once` at a time, each
-    in a thread of its own; their reports in the wave's order. RuntimeError naming the stages still
-    running or waiting to if the Spark application stopped."""
+    in a thread of its own (a `probe` is started even when idle); their reports in the wave's order.
+    RuntimeError naming the stages still running or waiting to if the Spark application stopped."""
     if len(wave) <= 1:
-        outcomes = [_outcome(session, lake, settings, stage) for stage in wave]
+        outcomes = [_outcome(session, lake, settings, stage, probe) for stage in wave]
     else:
         threads = max(1, min(len(wave), settings.stages_at_once))
         with ThreadPoolExecutor(threads, thread_name_prefix="run-once") as pool:
-            outcomes = list(pool.map(lambda stage: _outcome(session, lake, settings, stage), wave))
+            outcomes = list(pool.map(lambda stage: _outcome(session, lake, settings, stage, probe), wave))
     stopped = [stage.name for stage, outcome in zip(wave, outcomes) if isinstance(outcome, BaseException)]
     if stopped:
         cause = next(o for o in outcomes if isinstance(o, BaseException))
@@ -123,12 +134,14 @@ def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Setting
     return reports
 
 
-def _outcome(session: Callable[[], SparkSession], lake: Lake, settings: Settings, stage: Stage
+def _outcome(session: Callable[[], SparkSession], lake: Lake, settings: Settings, stage: Stage, probe: bool = False
              ) -> QueryReport | BaseException:
     """`stage`'s report (its `error` when its query failed), or the exception that ended it otherwise
     (the JVM died under it, or Spark stopped its context: every committed batch stays; a rule
-    stage is charged at the next run-once)."""
+    stage is charged at the next run-once). A `probe` is run even when idle."""
     try:
+        if probe and not waiting(lake, stage):
+            return run_stage(session(), lake, settings, stage)
         return run_unless_idle(session, lake, settings, stage)
     except StageError as err:
         rep = err.report or QueryReport(stage.name)

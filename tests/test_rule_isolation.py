@@ -152,6 +152,11 @@ def test_a_run_once_death_among_several_rules_makes_suspects_probed_alone_and_a_
     (lake.home.checkpoint(a.checkpoint_name) / RUNNING_MARKER).write_text("once")
     assert prepare_rules(spark, lake, settings) == {b.query_name}
     assert RuleStatus(spark, lake).get(a.slug, a.content_hash).state == DISABLED
+    # The probe of `b` ends cleanly, with nothing to raise: cleared.
+    append(spark, lake, "enriched_dns", 0, [{"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+    assert run_all(spark, lake, [b], settings)[0].error is None
+    assert RuleStatus(spark, lake).get(b.slug, b.content_hash).state == OK
+    assert prepare_rules(spark, lake, settings) == set()
 
 
 def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(tmp_path, lake, monkeypatch):

@@ -184,6 +184,12 @@ class AlertWriter:
         self._closed = True
         if failure is not None:
             record_failure(self.status, self.settings, self.rule, failure)
+        elif self.marker.is_file() and self.marker.read_text() == "once":
+            # Run-once runs a suspect of a death alone (`prepare_rules`): ending cleanly, with
+            # batches or none, shows the death was not its doing.
+            health = self.status.get(self.rule.slug, self.content_hash)
+            if health.state == FAILING and health.reason == DIED:
+                self.status.put(health.succeeded())
         self.marker.unlink(missing_ok=True)
 
 
