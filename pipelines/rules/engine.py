@@ -69,6 +69,10 @@ CHECKPOINT_MARKER = "seclake_rule.json"
 # In a rule's checkpoint while it is in a batch: "once" (run-once) or "stream" (the rules application).
 RUNNING_MARKER = "seclake_running"
 DIED = "the Spark application stopped while this rule ran (out of memory, or killed)"
+# Rules append to `alerts` side by side (run-once's wave, the stream's rules application): a batch
+# whose append met another's on the same day looks the table up again, at most this many times.
+CONFLICT = "DELTA_CONCURRENT_APPEND"
+CONFLICT_ATTEMPTS = 5
 # The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
 LATE_ROWS_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_late_rows"
 
@@ -117,11 +121,21 @@ class AlertWriter:
             total = new = alerts.count()
             # Most batches raise nothing new: no commit then (an empty append costs a Delta txn
             # look-up, and a replay of the batch finds the same alerts known or none).
-            if total:
+            for attempt in range(1, CONFLICT_ATTEMPTS + 1) if total else ():
                 fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
                 new = fresh.count()
-                if new:
-                    result = self.sink.write_batch(fresh, batch_id)
+                try:
+                    if new:
+                        result = self.sink.write_batch(fresh, batch_id)
+                    break
+                except Exception as exc:  # Delta's ConcurrentAppendException comes as a bare Py4JJavaError
+                    # The rows read `alerts` (`unseen`), so another rule's append to the same day
+                    # conflicts with this one (DELTA_CONCURRENT_APPEND): look again, then append.
+                    if attempt == CONFLICT_ATTEMPTS or CONFLICT not in str(exc):
+                        raise
+                    fresh.unpersist()
+                    log.info("rule %s: batch %d met a concurrent append to alerts; trying again",
+                             self.rule.slug, batch_id)
         except Exception as exc:
             # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
             self.error = f"batch {batch_id}: {_first_line(exc)}"
