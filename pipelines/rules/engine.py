@@ -114,6 +114,11 @@ class AlertWriter:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         self._spark = rows.sparkSession
+        if not self.marker.exists():
+            # Before the rule's SQL runs (its state and aggregates are computed in here): a rule
+            # that kills the application in its first second is in flight too, which
+            # `RuleQuery.check_budget`'s once-a-second look at the query's status can miss.
+            self.marker.write_text("stream")
         alerts = fresh = None
         result = None
         try:
