@@ -30,12 +30,11 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from assets.tables import LAKE_POOL, RETRY_POLICY, as_failure, run_metadata, shared_table_asset, table_key
+from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_asset, table_key
 from pipelines.lake.registry import Lake
 from pipelines.rules.pack import default_rules_dir
 from pipelines.rules.spec import query_name
 from pipelines.rules.tables import ALERTS_TABLE
-from pipelines.stages import StageError, run_unless_idle
 
 RULES_GROUP = "rules"
 def rule_key(slug: str) -> AssetKey:
@@ -75,51 +74,56 @@ def _rule_metadata(rule) -> dict:
     return meta
 
 
-def rule_asset(rule) -> AssetsDefinition:
-    """The asset `rules/<slug>` of one valid rule: runs its query, which appends to `alerts`."""
-    from pipelines.rules.engine import MissingInputError, rule_stage
+RULES_OP = "rules"
+
+
+def rules_asset(rules: list) -> AssetsDefinition:
+    """The assets `rules/<slug>` of the valid rules, one op (`rules`) for them all: materialising
+    any of them runs those rules' queries as run-once does, several at once
+    (`pipelines.jobs.run_wave`), each appending to `alerts`."""
+    from pipelines.jobs import run_wave
+    from pipelines.rules.engine import rule_stage
 
     known = set(Lake.names())
-    stage = rule_stage(rule)
-    # Its reads include end_of_input: a rule on a silver table must run after run-once's mark.
-    deps = [table_key(t) for t in stage.reads if t in known]
-    op_name = rule.query_name
+    stages = {rule_key(rule.slug): rule_stage(rule) for rule in rules}
+    by_key = {rule_key(rule.slug): rule for rule in rules}
+    specs = [AssetSpec(
+        key=key,
+        description=f"{rule.name} (severity {rule.severity}; MITRE ATT&CK {', '.join(rule.mitre) or '-'})\n\n"
+                    f"{rule.description.strip()}",
+        group_name=RULES_GROUP,
+        kinds={"spark", "sql"},
+        # Its reads include end_of_input: a rule on a silver table must run after run-once's mark.
+        deps=[table_key(t) for t in stages[key].reads if t in known],
+        metadata=_rule_metadata(rule),
+        tags={"seclake/severity": _tag_value(rule.severity), **{f"mitre/{_tag_value(m)}": "" for m in rule.mitre}},
+    ) for key, rule in by_key.items()]
 
-    @multi_asset(
-        name=op_name,
-        specs=[AssetSpec(
-            key=rule_key(rule.slug),
-            description=f"{rule.name} (severity {rule.severity}; MITRE ATT&CK {', '.join(rule.mitre) or '-'})\n\n"
-                        f"{rule.description.strip()}",
-            group_name=RULES_GROUP,
-            kinds={"spark", "sql"},
-            deps=deps,
-            metadata=_rule_metadata(rule),
-            tags={"seclake/severity": _tag_value(rule.severity),
-                  **{f"mitre/{_tag_value(m)}": "" for m in rule.mitre}},
-        )],
-        can_subset=False,
-        pool=LAKE_POOL,
-        retry_policy=RETRY_POLICY,
-        op_tags={"seclake/rule": _tag_value(rule.slug)},
-    )
-    def _rule(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+    @multi_asset(name=RULES_OP, specs=specs, can_subset=True, pool=LAKE_POOL, retry_policy=RETRY_POLICY,
+                 op_tags={"seclake/rule": "selected"})
+    def _rules(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        try:
-            report = run_unless_idle(lambda: spark.session, the_lake, lake.stream_settings, stage)
-        except StageError as err:
-            if err.error_class == MissingInputError.__name__:
-                # Nothing upstream has written the rule's input yet (no such events so far).
-                context.log.info(str(err))
-                return MaterializeResult(asset_key=rule_key(rule.slug),
-                                         metadata={"alerts_added": 0, "note": str(err), **_rule_metadata(rule)})
-            raise as_failure(err, the_lake) from err
-        context.log.info(report.line())
-        meta = run_metadata(report, ALERTS_TABLE if ALERTS_TABLE in known else None, the_lake)
-        meta["alerts_added"] = meta.pop("rows_out", report.rows_out.get(ALERTS_TABLE, 0))
-        return MaterializeResult(asset_key=rule_key(rule.slug), metadata={**_rule_metadata(rule), **meta})
+        selected = [key for key in by_key if key in context.selected_asset_keys]
 
-    return _rule
+        def on_report(report) -> None:
+            context.log.info(report.line())
+
+        reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings,
+                                               [stages[key] for key in selected], on_report)}
+        failed = []
+        for key in selected:
+            rule, report = by_key[key], reports[stages[key].name]
+            if report.error:
+                failed.append(f"{rule.slug}: {report.error}")
+                continue
+            meta = run_metadata(report, ALERTS_TABLE if ALERTS_TABLE in known else None, the_lake)
+            meta["alerts_added"] = meta.pop("rows_out", report.rows_out.get(ALERTS_TABLE, 0))
+            yield MaterializeResult(asset_key=key, metadata={**_rule_metadata(rule), **meta})
+        if failed:
+            # The others are materialised above; a retry runs the failed ones again (the others find nothing new).
+            raise Failure(description=f"{len(failed)} rule(s) failed: " + "; ".join(failed), allow_retries=True)
+
+    return _rules
 
 
 def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> AssetsDefinition:
@@ -172,7 +176,7 @@ def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:
     if not folder.is_dir():
         return []
     pack = scan(folder)
-    assets = [rule_asset(rule) for rule in pack.rules]
+    assets = [rules_asset(pack.rules)] if pack.rules else []
     taken = {r.slug for r in pack.rules}
     for path, reason in sorted(pack.errors.items()):
         slug = Path(path).stem

@@ -83,12 +83,30 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     session = _session_maker(spark)
     reports = []
     for wave in waves(stages()):
-        wave = [stage for stage in wave if not only or stage.name in only]
-        for group, probe in _probation(session, lake, settings, wave):
-            for rep in _run_wave(session, lake, settings, group, probe):
-                reports.append(rep)
-                if on_report:
-                    on_report(rep)
+        reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
+                            on_report)
+    return reports
+
+
+def run_wave(spark: SparkSession | Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage],
+             on_report: Callable[[QueryReport], None] | None = None) -> list[QueryReport]:
+    """Run the stages of one wave (`stages.waves`) as `run_once` does: at once, `settings.stages_at_once`
+    at a time, rules suspected of a death alone first (`_probation`); each stage's report (also
+    to `on_report` as it comes). Dagster's rules op runs the selected rules with it.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     [r.line() for r in run_wave(print, Lake(Home.resolve(tmp)), Settings(), stages()[2:3])]
+    ['dhcp_leases: waiting for input: no silver_dhcp, end_of_input yet (not started)']
+    """
+    session = _session_maker(spark)
+    reports = []
+    for group, probe in _probation(session, lake, settings, wave):
+        for rep in _run_wave(session, lake, settings, group, probe):
+            reports.append(rep)
+            if on_report:
+                on_report(rep)
     return reports
 
 
