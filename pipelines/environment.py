@@ -23,6 +23,8 @@ VARIABLES: dict[str, str] = {
                      "landing files only; docs/kafka.md)",
     "SECLAKE_RULES": "the rules folder (default: the repository's rules/)",
     "SECLAKE_SPARK_MASTER": "Spark master URL (default local[*]); e.g. spark://host:7077",
+    "SECLAKE_DRIVER_MEMORY": "the Spark driver's heap, e.g. 2g (default 4g: local mode runs every task in the "
+                             "driver); a smaller heap makes a rule that blows it up stop the application sooner",
     "SECLAKE_SPARK_LOG_LEVEL": "Spark's log level (default FATAL: seclake says failures; ERROR or INFO shows Spark's)",
     "SECLAKE_ENV": "Dagster resources profile: local (default) or another configured in assets/resources.py",
     "SECLAKE_RUN_ONCE_CRON": "cron of the Dagster run-once schedule (default every 15 minutes)",
@@ -81,6 +83,11 @@ def rules_dir() -> Path | None:
 def spark_master() -> str | None:
     """`$SECLAKE_SPARK_MASTER`, if set."""
     return _get("SECLAKE_SPARK_MASTER")
+
+
+def driver_memory() -> str | None:
+    """`$SECLAKE_DRIVER_MEMORY`, if set."""
+    return _get("SECLAKE_DRIVER_MEMORY")
 
 
 def spark_log_level() -> str | None:

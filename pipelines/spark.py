@@ -110,6 +110,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
+    settings["spark.driver.memory"] = environment.driver_memory() or settings["spark.driver.memory"]
     # FATAL by default: seclake reports a failed query or task in one line of its own, so Spark's
     # ERROR lines (a task's stack trace, "Aborted commit") would only repeat it as a JVM trace.
     log_level = environment.spark_log_level() or "FATAL"
