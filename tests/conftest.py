@@ -43,20 +43,25 @@ def resync_after_timeout() -> None:
     context.cancelAllJobs()
 
 
-# The longest test files, longest first (from CI's --durations). CI hands whole files to two workers
-# in collection order (--dist loadfile --no-loadscope-reorder): a long file sent last would run
-# alone at the end while the other worker idles, so these go first and the short files fill in.
-# In the fault suite (-m faults) the files are test_sigkill (one test), test_faults (seven) and
-# test_kafka (one): xdist gives each worker its first file and, to a worker with at most two tests
-# waiting, the next one at once, so test_kafka's SIGKILL test follows test_sigkill's on one worker.
-LONGEST_FIRST = ("test_browser", "test_s3", "test_sigkill", "test_faults", "test_cluster", "test_operations",
-                 "test_rules_e2e", "test_kafka", "test_cli_output", "test_assets", "test_table_state")
+# The longest test scopes (a file, or a class of one), longest first (from CI's --durations). CI
+# hands whole scopes to two workers in collection order (--dist loadscope --no-loadscope-reorder):
+# a long scope sent last would run alone at the end while the other worker idles, so these go
+# first and the short files fill in. xdist gives each worker its first scope and, to a worker with
+# at most two tests waiting, the next one at once: the one-test SIGKILL file first builds
+# `local_reference` on its worker while the other runs the browser file, so no later user of it
+# (S3, Kafka, cluster) waits on the lock.
+LONGEST_FIRST = ("test_sigkill", "test_browser", "test_faults::TestBadRulesInAStream",
+                 "test_faults::TestBadRulesInRunOnce", "test_kafka", "test_s3", "test_rules_e2e", "test_cluster",
+                 "test_operations", "test_faults", "test_cli_output", "test_assets", "test_table_state")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        name = item.path.stem
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        cls = getattr(item, "cls", None)  # doctests have none
+        for name in (f"{item.path.stem}::{cls.__name__}" if cls else "", item.path.stem):
+            if name in LONGEST_FIRST:
+                return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order
 

@@ -840,77 +840,100 @@ def _home_with(gen: Path, manifest: dict, root: Path) -> Home:
 BAD_RULE_SETTINGS = ("--set", "rule_retry=5 seconds", "--set", "rule_batch_budget=2 minutes")
 
 
-def test_bad_rules_end_disabled_and_the_others_lose_nothing(spark, one_hour, tmp_path):
+def bad_rules_env(rules: Path) -> dict[str, str]:
+    """The environment of a run beside the bad rules in `rules`: a 2 GB heap (the pack needs far
+    less on an hour of logs) fills sooner, so each death by the heap bomb comes sooner."""
+    return {**os.environ, "SECLAKE_RULES": str(rules), "SECLAKE_DRIVER_MEMORY": "2g"}
+
+
+@pytest.fixture(scope="module")
+def bad_rules_reference(spark, one_hour, tmp_path_factory) -> Home:
+    """`one_hour` through the whole pipeline with the rule pack alone: what the rest of a lake
+    beside bad rules must equal."""
     gen, manifest = one_hour
-    reference = _home_with(gen, manifest, tmp_path / "reference")
+    reference = _home_with(gen, manifest, tmp_path_factory.mktemp("bad-rules-reference"))
     assert not any(r.error for r in run_once(spark, Lake(reference), Settings()))
     assert _rule_alert_ids(reference), "the pack raised no alert: the comparison would be vacuous"
-    env = {**os.environ, "SECLAKE_RULES": str(tmp_path / "rules")}
-    expected = _bad_rules(tmp_path / "rules")
+    return reference
 
-    # run-once: the heap bomb kills the application (exit 2, one line) in the rules' wave; the next
-    # run-once charges the rules it left in a batch as suspects and probes each alone, where the
-    # heap bomb kills it again; the run after charges it in full. One failure disables
-    # (rule_max_failures=1), so three runs settle everything (two if it was alone in a batch when it died).
-    home = _home_with(gen, manifest, tmp_path / "run-once")
-    runs = []
-    for _ in range(3):
-        done = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS,
-                                      "--set", "rule_max_failures=1"),
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-        runs.append(done)
-        if done.returncode != 2:
-            break
-    assert runs[0].returncode == 2 and "the Spark application stopped during stage" in runs[0].stderr, \
-        runs[0].stderr[-3000:]
-    assert "rule_heap_bomb" in runs[0].stderr.split("stopped during", 1)[1].splitlines()[0], runs[0].stderr[-3000:]
-    assert runs[-1].returncode == 1, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]  # invalid files: exit 1
-    _check_bad_rules_outcome(home, reference, expected)
 
-    # stream: the rules run in their own application; its deaths never stop the ETL, rules
-    # charged with a death are probed one at a time, so only the heap bomb reaches 2 in a row.
-    # (The batch budget was shown by run-once: the slow rule sits this part out.)
-    # A stream never closes the last windows of a bounded input (watermarks), so once the bad
-    # rules have ended, a run-once drains the rest, as after the SIGKILL test, and the whole
-    # lake must equal the clean reference.
-    (tmp_path / "rules" / "bad" / "slow_hashing.sql").unlink()
-    del expected["slow_hashing"]
-    home = _home_with(gen, manifest, tmp_path / "stream")
-    log = tmp_path / "stream.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(seclake("stream", "--home", str(home.root), *BAD_RULE_SETTINGS,
-                                        "--set", "rule_max_failures=2", "--set", "trigger_interval=2 seconds"),
-                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    silver_dns = manifest_silver(manifest)["silver_dns"]
+# The two bad-rules tests are classes of their own so that `--dist loadscope` (CI) can give each
+# its own worker: together they take a third of the fault suite.
+class TestBadRulesInRunOnce:
+    def test_bad_rules_end_disabled_and_the_others_lose_nothing(self, one_hour, bad_rules_reference, tmp_path):
+        gen, manifest = one_hour
+        env = bad_rules_env(tmp_path / "rules")
+        expected = _bad_rules(tmp_path / "rules")
+        # The heap bomb kills the application (exit 2, one line) in the rules' wave; the next
+        # run-once charges the rules it left in a batch as suspects and probes each alone, where the
+        # heap bomb kills it again; the run after charges it in full. One failure disables
+        # (rule_max_failures=1), so three runs settle everything (two if it was alone in a batch when it died).
+        home = _home_with(gen, manifest, tmp_path / "run-once")
+        runs = []
+        for _ in range(3):
+            done = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS,
+                                          "--set", "rule_max_failures=1"),
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+            runs.append(done)
+            if done.returncode != 2:
+                break
+        assert runs[0].returncode == 2 and "the Spark application stopped during stage" in runs[0].stderr, \
+            runs[0].stderr[-3000:]
+        assert "rule_heap_bomb" in runs[0].stderr.split("stopped during", 1)[1].splitlines()[0], runs[0].stderr[-3000:]
+        assert runs[-1].returncode == 1, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]  # invalid files: exit 1
+        _check_bad_rules_outcome(home, bad_rules_reference, expected)
 
-    def settled() -> bool:
+
+class TestBadRulesInAStream:
+    def test_bad_rules_end_disabled_and_the_others_lose_nothing(self, one_hour, bad_rules_reference, tmp_path):
+        # The rules run in their own application; its deaths never stop the ETL, rules charged
+        # with a death are probed one at a time, so only the heap bomb reaches 2 in a row. (The
+        # batch budget is run-once's part: the slow rule sits this one out.)
+        # A stream never closes the last windows of a bounded input (watermarks), so once the bad
+        # rules have ended, a run-once drains the rest, as after the SIGKILL test, and the whole
+        # lake must equal the clean reference.
+        gen, manifest = one_hour
+        env = bad_rules_env(tmp_path / "rules")
+        expected = _bad_rules(tmp_path / "rules")
+        (tmp_path / "rules" / "bad" / "slow_hashing.sql").unlink()
+        del expected["slow_hashing"]
+        home = _home_with(gen, manifest, tmp_path / "stream")
+        log = tmp_path / "stream.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(seclake("stream", "--home", str(home.root), *BAD_RULE_SETTINGS,
+                                            "--set", "rule_max_failures=2", "--set", "trigger_interval=2 seconds"),
+                                    cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        silver_dns = manifest_silver(manifest)["silver_dns"]
+
+        def settled() -> bool:
+            try:
+                states = _rule_states(home)
+                ingested = sum(row_keys(home.table("silver_dns"), "silver_dns").values()) == silver_dns
+            except Exception:  # a table not written yet
+                return False
+            ended = all(states.get(s, ("",))[0] == ("invalid" if why == "invalid" else "disabled")
+                        for s, why in expected.items())
+            # Innocent rules charged with a death are cleared by their probe or their next batch (the drain's).
+            return ended and ingested and all(state != "disabled" for s, (state, _) in states.items()
+                                              if s not in expected)
+
         try:
-            states = _rule_states(home)
-            ingested = sum(row_keys(home.table("silver_dns"), "silver_dns").values()) == silver_dns
-        except Exception:  # a table not written yet
-            return False
-        ended = all(states.get(s, ("",))[0] == ("invalid" if why == "invalid" else "disabled")
-                    for s, why in expected.items())
-        # Innocent rules charged with a death are cleared by their probe or their next batch (the drain's).
-        return ended and ingested and all(state != "disabled" for s, (state, _) in states.items() if s not in expected)
-
-    try:
-        deadline = time.monotonic() + 1200
-        while not settled():
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(5)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log.read_text(errors="replace")
-    assert "the rules application stopped" in text and "heap_bomb" in text, text[-3000:]
-    drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-    assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
-    # Exact, with the stream part too: a rule holds its watermark to what attribution has written
-    # (pipelines/attribution.py, held_to_attribution), so a backlog caught up loses no alert.
-    _check_bad_rules_outcome(home, reference, expected)
+            deadline = time.monotonic() + 1200
+            while not settled():
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                time.sleep(5)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-3000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        text = log.read_text(errors="replace")
+        assert "the rules application stopped" in text and "heap_bomb" in text, text[-3000:]
+        drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+        assert drained.returncode == 1, drained.stdout[-3000:] + drained.stderr[-3000:]  # the invalid files
+        # Exact, with the stream part too: a rule holds its watermark to what attribution has written
+        # (pipelines/attribution.py, held_to_attribution), so a backlog caught up loses no alert.
+        _check_bad_rules_outcome(home, bad_rules_reference, expected)
