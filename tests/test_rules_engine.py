@@ -272,3 +272,20 @@ def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_onc
     found = [a for a in alerts(spark, lake) if a.rule_id == rule.id]
     assert len({a.alert_id for a in found}) == len(found) == 2
     assert sorted(str(a.window_start) for a in found) == ["2026-11-20 09:10:00", "2026-11-20 10:00:00"]
+
+
+def test_a_rule_whose_table_nothing_wrote_yet_waits_beside_the_end_of_input_mark(spark, tmp_path):
+    """A home without IDS logs: run-once's end_of_input exists, enriched_ids_alerts never does.
+    The IDS rule waits (a note, no error: run-once exits 0, Dagster's `rules` op succeeds)."""
+    from pipelines.rules.engine import rule_stage
+    from pipelines.rules.pack import scan_rules
+    from pipelines.stages import run_unless_idle
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    lake.ensure(spark, "end_of_input")
+    rule = next(r for r in scan_rules(Path(__file__).resolve().parents[1] / "rules").rules
+                if r.slug == "high_severity_ids_alert")
+    stage = rule_stage(rule)
+    assert "end_of_input" in stage.reads and not lake.exists("enriched_ids_alerts")
+    rep = run_unless_idle(lambda: spark, lake, Settings(), stage)
+    assert rep.error is None and rep.note == "waiting for input: no enriched_ids_alerts yet (not started)", rep.line()
