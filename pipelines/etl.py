@@ -15,18 +15,21 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from pipelines import environment
 from pipelines.checkpoint import newest, source_files
 from pipelines.lake.registry import Lake
+from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
 from pipelines.query import BatchStats, RunningQuery, Stage, start_query
@@ -215,20 +218,28 @@ class EtlWriter:
             survey = self._survey(parsed)
             stats.read = survey.read
 
-            def write(table: str, rows: DataFrame) -> None:
-                # A table with no row in this batch gets no commit: an empty append costs a Delta
-                # txn look-up (~0.6 s) and a micro-batch of every query reading the table. The
-                # survey decides from the batch alone, so a replay skips the same tables.
-                if table not in survey.tables and self._exists(table):
-                    return
-                stats.record(self.sinks[table].write_batch(rows, batch_id))
-
-            write("quarantine", to_quarantine(parsed).withColumns(ingest))
-            for source in self.sources:
-                write(source.bronze_table, to_bronze(parsed.where(F.col("source") == source.name)).withColumns(ingest))
+            # A table with no row in this batch gets no commit: an empty append costs a Delta
+            # txn look-up (~0.6 s) and a micro-batch of every query reading the table. The
+            # survey decides from the batch alone, so a replay skips the same tables.
             fresh = parsed.where(~F.col("_repeat"))
-            for table in SILVER_SCHEMAS:
-                write(table, self._unseen(spark, table, to_silver(fresh, table), survey.bounds.get(table)))
+            outputs = {
+                "quarantine": lambda: to_quarantine(parsed).withColumns(ingest),
+                **{s.bronze_table: partial(_bronze, parsed, s.name, ingest) for s in self.sources},
+                **{t: partial(self._unseen, spark, t, to_silver(fresh, t), survey.bounds.get(t))
+                   for t in SILVER_SCHEMAS},
+            }
+            due = [t for t in outputs if t in survey.tables or not self._exists(t)]
+
+            def write(table: str) -> CommitResult:
+                return self.sinks[table].write_batch(outputs[table](), batch_id)
+
+            # The tables are independent Delta logs, each with its own txn: committed side by side,
+            # one table's commit overlaps another's Spark job (a batch paid ~1 s per table in turn).
+            # The threads inherit this one's Spark properties: the query's job group, so stopping
+            # the query cancels their jobs too.
+            with ThreadPoolExecutor(len(due) or 1, thread_name_prefix="etl-write") as pool:
+                for result in pool.map(inheritable_thread_target(spark)(write), due):
+                    stats.record(result)
         finally:
             parsed.unpersist()
         self.history.append(stats)
@@ -285,6 +296,11 @@ class EtlWriter:
                 .where(F.col("event_time").between(lo, hi))
                 .select("event_id"))
         return rows.join(seen, "event_id", "left_anti")
+
+
+def _bronze(parsed: DataFrame, source: str, ingest: dict) -> DataFrame:
+    """`source`'s raw lines of a parsed batch, as its bronze table holds them."""
+    return to_bronze(parsed.where(F.col("source") == source)).withColumns(ingest)
 
 
 def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
