@@ -3,7 +3,8 @@
 Naming (one thing, one name): table `silver_dns` in layer `silver` is asset key `silver/dns`,
 group `silver`; its stage's op is named after the stage (`etl`) and checkpoints under
 `checkpoints/<stage>`. A stage that writes several tables in one query (`etl`) is one
-multi-asset with `can_subset=False`: materialising any of its tables runs its query once.
+multi-asset with `can_subset=False`: materialising any of its tables runs its query once. Stages
+that run at once (a wave: the enriched tables) share one subsettable op named after their layer.
 """
 from dagster import (
     AssetExecutionContext,
@@ -25,7 +26,7 @@ from assets.resources import LakeResource, SparkResource
 from pipelines.lake.log import commits, summary
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport, Stage
-from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables
+from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables, waves
 
 # Every op that writes a table runs in this pool; give it limit 1 so that two runs never write
 # at once (docs/dagster.md: `dagster instance concurrency set seclake_lake 1`).
@@ -182,6 +183,56 @@ def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None
     return _stage
 
 
+def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsDefinition:
+    """The multi-asset of a wave of table stages (`pipelines.stages.waves`: the enriched tables), one
+    op for them all, named after their tables' layer: materialising any of its tables runs the
+    selected stages side by side, as run-once does (`pipelines.jobs.run_wave`), where one op per
+    stage would run one after the other (Dagster's in-process executor). `writes`: each stage's own
+    tables. A failed stage fails the op after the others' tables are materialised."""
+    from pipelines.jobs import run_wave
+
+    by_key = {table_key(t): stage for stage in wave for t in writes[stage.name]}
+    layers = {Lake.spec(t).layer for stage in wave for t in writes[stage.name]}
+    if len(layers) != 1:
+        raise ValueError(f"the stages {[s.name for s in wave]} run at once but write tables of the layers "
+                         f"{sorted(layers)}: their op needs one name")
+
+    @multi_asset(
+        name=layers.pop(),
+        specs=[table_spec(t, [table_key(r) for r in stage.reads]) for stage in wave for t in writes[stage.name]],
+        can_subset=True,
+        pool=LAKE_POOL,
+        retry_policy=RETRY_POLICY,
+        description="Streaming queries " + ", ".join(f"`{s.name}`" for s in wave)
+                    + " run side by side with Trigger.AvailableNow, one per table",
+        op_tags={"seclake/stage": ",".join(s.name for s in wave)},
+    )
+    def _wave(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+        the_lake = lake.lake
+        chosen = [s for s in wave if any(by_key[k] is s for k in context.selected_asset_keys)]
+        reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
+                                               lambda r: context.log.info(r.line()))}
+        for key, stage in by_key.items():
+            if key in context.selected_asset_keys and not reports[stage.name].error:
+                yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], key_table(key),
+                                                                             the_lake))
+        failed = next((reports[s.name] for s in chosen if reports[s.name].error), None)
+        if failed is not None:
+            err = StageError(failed.name, f"stage {failed.name} failed: {failed.error}", failed.python_error, failed)
+            raise as_failure(err, the_lake)
+
+    return _wave
+
+
+def key_table(key: AssetKey) -> str:
+    """The registry table of a table asset key (`table_key` reversed).
+
+    >>> key_table(table_key("silver_dns")), key_table(table_key("quarantine"))
+    ('silver_dns', 'quarantine')
+    """
+    return next(t for t in Lake.names() if table_key(t) == key)
+
+
 def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -> AssetsDefinition:
     """The asset of a table that several queries append to (`alerts`, `late_events`).
 
@@ -217,14 +268,17 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
 
 def stage_assets(stages: list[Stage], own: dict[str, AssetsDefinition] | None = None
                  ) -> list[AssetsDefinition | AssetSpec]:
-    """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), one asset per
+    """One multi-asset per table-writing stage (`pipelines.stages.table_stages`), or per wave of
+    stages that run at once (`wave_asset`: the enriched tables), one asset per
     table several of them write (`late_events`), and an external asset per state table that a
     command keeps (`rule_status`, `alert_triage`: `TableSpec.kept_by`; no Dagster op writes them,
     `table_state_sensor` records their versions) unless `own` gives its asset (`incidents`).
     """
     shared = shared_tables(stages)
-    assets: list[AssetsDefinition | AssetSpec] = [stage_asset(s, own_tables(s, stages), parts(s, stages))
-                                                  for s in stages if not s.part_of]
+    assets: list[AssetsDefinition | AssetSpec] = [
+        stage_asset(w[0], own_tables(w[0], stages), parts(w[0], stages)) if len(w) == 1
+        else wave_asset(w, {s.name: own_tables(s, stages) for s in w})
+        for w in waves([s for s in stages if not s.part_of])]
     for table, writers in shared.items():
         keys = [table_key(t) for w in writers for t in own_tables(w, stages)]
         assets.append(shared_table_asset(table, keys, "stages " + ", ".join(f"`{w.name}`" for w in writers)))

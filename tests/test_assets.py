@@ -81,8 +81,13 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
     # Every op that writes a table (a stage or a rule) runs in the lake pool, with the retry policy.
     writers = [a for a in graph.assets_defs if a.is_executable and
                ({"seclake/stage", "seclake/rule"} & set(a.op.tags))]
-    # A stage per op; the rules share one (`rules`), which runs the selected ones as run-once does.
-    assert {a.op.name for a in writers} == {s.name for s in stages.table_stages(stages.stages())} | {"rules"}
+    # A stage per op, but the stages of a wave share one: the enriched tables' (`enriched`) and the
+    # rules' (`rules`); each runs the selected ones side by side, as run-once does.
+    waves = stages.waves(stages.table_stages(stages.stages()))
+    assert {a.op.name for a in writers} == {w[0].name for w in waves if len(w) == 1} | {"enriched", "rules"}
+    enriched_op = graph.get(tables.table_key("enriched_dns")).assets_def
+    assert enriched_op.op.name == "enriched" and enriched_op.can_subset
+    assert {tables.key_table(k) for k in enriched_op.keys} == {"enriched_conn", "enriched_dns", "enriched_ids_alerts"}
     rules_op = graph.get(AssetKey(["rules", "dns_tunneling"])).assets_def
     assert rules_op.op.name == "rules" and rules_op.can_subset
     assert {k.path[1] for k in rules_op.keys} == {s.name.removeprefix("rule_") for s in stages.stages()
@@ -428,6 +433,31 @@ def test_schema_error_fails_without_retry_and_other_errors_are_retriable(tmp_pat
     conflict, _ = python_cause(RuntimeError("py4j...\ndelta.exceptions.ConcurrentAppendException: conflict\n"))
     assert conflict == "delta.exceptions.ConcurrentAppendException"
     assert stages.StageError("etl", "x", conflict, None).retriable is True
+
+
+def test_a_wave_op_runs_its_stages_together_and_a_schema_error_in_one_is_not_retried(tmp_path):
+    from pipelines.lake.schema import SchemaMismatchError
+
+    def empty(table):
+        return {table: lambda s: s.createDataFrame([], Lake.spec(table).schema)}
+
+    error = SchemaMismatchError("enriched_dns: column 'qtype' has type int in the table but string in the write")
+    fake = [Stage("etl", (), ("silver_conn",), _writing_stage("etl", empty("silver_conn"))),
+            Stage("enriched_conn", ("silver_conn",), ("enriched_conn",),
+                  _writing_stage("enriched_conn", empty("enriched_conn"))),
+            Stage("enriched_dns", ("silver_conn",), ("enriched_dns",), _writing_stage("enriched_dns", {}, error=error))]
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake, resources=resources(tmp_path / "home"))
+    assert defs.resolve_asset_graph().get(tables.table_key("enriched_dns")).assets_def.op.name == "enriched"
+    result = defs.resolve_job_def("run_once_job").execute_in_process(
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    done = materializations(result)
+    # The stage that succeeded is materialised; the failed one is not, and fails the op without a retry.
+    assert done["enriched/conn"]["stage"] == "enriched_conn" and "enriched/dns" not in done
+    assert not events(result, "STEP_UP_FOR_RETRY")
+    failure = events(result, "STEP_FAILURE")[0]
+    assert failure.step_key == "enriched"
+    assert "SchemaMismatchError: not retried" in failure.event_specific_data.error.message
 
 
 # --- stream job -------------------------------------------------------------------------------
