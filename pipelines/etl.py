@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -222,7 +222,7 @@ class EtlWriter:
             # txn look-up (~0.6 s) and a micro-batch of every query reading the table. The
             # survey decides from the batch alone, so a replay skips the same tables.
             fresh = parsed.where(~F.col("_repeat"))
-            outputs = {
+            outputs: dict[str, Callable[[], DataFrame]] = {
                 "quarantine": lambda: to_quarantine(parsed).withColumns(ingest),
                 **{s.bronze_table: partial(_bronze, parsed, s.name, ingest) for s in self.sources},
                 **{t: partial(self._unseen, spark, t, to_silver(fresh, t), survey.bounds.get(t))
