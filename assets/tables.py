@@ -191,7 +191,7 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     tables. A failed stage fails the op after the others' tables are materialised."""
     from pipelines.jobs import run_wave
 
-    by_key = {table_key(t): stage for stage in wave for t in writes[stage.name]}
+    by_key = {table_key(t): (stage, t) for stage in wave for t in writes[stage.name]}
     layers = {Lake.spec(t).layer for stage in wave for t in writes[stage.name]}
     if len(layers) != 1:
         raise ValueError(f"the stages {[s.name for s in wave]} run at once but write tables of the layers "
@@ -209,28 +209,21 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     )
     def _wave(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        chosen = [s for s in wave if any(by_key[k] is s for k in context.selected_asset_keys)]
+        chosen = [s for s in wave if any(by_key[k][0] is s for k in context.selected_asset_keys)]
         reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
                                                lambda r: context.log.info(r.line()))}
-        for key, stage in by_key.items():
+        for key, (stage, table) in by_key.items():
             if key in context.selected_asset_keys and not reports[stage.name].error:
-                yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], key_table(key),
-                                                                             the_lake))
-        failed = next((reports[s.name] for s in chosen if reports[s.name].error), None)
-        if failed is not None:
-            err = StageError(failed.name, f"stage {failed.name} failed: {failed.error}", failed.python_error, failed)
-            raise as_failure(err, the_lake)
+                yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], table, the_lake))
+        errors = [StageError(r.name, f"stage {r.name} failed: {r.error}", r.python_error, r)
+                  for r in (reports[s.name] for s in chosen) if r.error]
+        if errors:
+            # Retried unless no failure can pass on a retry; the message names every failed stage.
+            err = next((e for e in errors if e.retriable), errors[0])
+            raise as_failure(StageError(err.stage, "; ".join(map(str, errors)), err.python_error, err.report),
+                             the_lake)
 
     return _wave
-
-
-def key_table(key: AssetKey) -> str:
-    """The registry table of a table asset key (`table_key` reversed).
-
-    >>> key_table(table_key("silver_dns")), key_table(table_key("quarantine"))
-    ('silver_dns', 'quarantine')
-    """
-    return next(t for t in Lake.names() if table_key(t) == key)
 
 
 def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -> AssetsDefinition:

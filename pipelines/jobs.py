@@ -164,7 +164,6 @@ def _outcome(session: Callable[[], SparkSession], lake: Lake, settings: Settings
     except StageError as err:
         rep = err.report or QueryReport(stage.name)
         rep.error = rep.error or error_summary(err.__cause__ or err)
-        rep.python_error = err.python_error
         return rep
     except Exception as exc:
         return exc

@@ -266,7 +266,8 @@ class QueryReport:
     state_commit_ms: int = 0
     late_rows: int = 0
     error: str | None = None
-    # The Python exception that failed the query (`StageError.python_error`): whether a retry can help.
+    # The Python exception that failed the query (`StageError.python_error`, set by `run_stage`):
+    # whether a retry can help.
     python_error: str | None = None
     skipped: bool = False
     read: dict[str, int] = field(default_factory=dict)

@@ -196,7 +196,7 @@ def run_stage(spark: SparkSession, lake: Lake, settings: Settings, stage: Stage,
         running = stage.start(spark, lake, settings, trigger or AVAILABLE_NOW)
     except Exception as exc:  # the query did not even start (bad plan, missing source, ...)
         python_error, message = python_cause(exc)
-        empty = QueryReport(stage.name, duration_s=time.monotonic() - started, error=message)
+        empty = QueryReport(stage.name, duration_s=time.monotonic() - started, error=message, python_error=python_error)
         raise StageError(stage.name, f"stage {stage.name} did not start: {message}", python_error, empty) from exc
     failure: BaseException | None = None
     try:
@@ -209,6 +209,7 @@ def run_stage(spark: SparkSession, lake: Lake, settings: Settings, stage: Stage,
     result = report(running, started)
     if failure is not None:
         python_error, message = python_cause(failure)
+        result.python_error = python_error
         raise StageError(stage.name, f"stage {stage.name} failed: {message}", python_error, result) from failure
     return result
 

@@ -87,7 +87,7 @@ def test_definitions_load_and_every_job_schedule_sensor_resolves():
     assert {a.op.name for a in writers} == {w[0].name for w in waves if len(w) == 1} | {"enriched", "rules"}
     enriched_op = graph.get(tables.table_key("enriched_dns")).assets_def
     assert enriched_op.op.name == "enriched" and enriched_op.can_subset
-    assert {tables.key_table(k) for k in enriched_op.keys} == {"enriched_conn", "enriched_dns", "enriched_ids_alerts"}
+    assert {k.to_user_string() for k in enriched_op.keys} == {"enriched/conn", "enriched/dns", "enriched/ids_alerts"}
     rules_op = graph.get(AssetKey(["rules", "dns_tunneling"])).assets_def
     assert rules_op.op.name == "rules" and rules_op.can_subset
     assert {k.path[1] for k in rules_op.keys} == {s.name.removeprefix("rule_") for s in stages.stages()
@@ -458,6 +458,19 @@ def test_a_wave_op_runs_its_stages_together_and_a_schema_error_in_one_is_not_ret
     failure = events(result, "STEP_FAILURE")[0]
     assert failure.step_key == "enriched"
     assert "SchemaMismatchError: not retried" in failure.event_specific_data.error.message
+
+    # Beside a failure a retry can fix, the op is retried, and its error names both stages.
+    fake.append(Stage("enriched_ids_alerts", ("silver_conn",), ("enriched_ids_alerts",),
+                      _writing_stage("enriched_ids_alerts", {}, error=RuntimeError("a worker timed out"))))
+    defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake, resources=resources(tmp_path / "home2"))
+    result = defs.resolve_job_def("run_once_job").execute_in_process(
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    retries = events(result, "STEP_UP_FOR_RETRY")
+    assert not result.success and retries
+    error, message = retries[0].event_specific_data.error, ""
+    while error is not None:  # the policy's retry request, caused by the op's Failure
+        message, error = message + error.message, error.cause
+    assert "stage enriched_dns failed" in message and "stage enriched_ids_alerts failed" in message
 
 
 # --- stream job -------------------------------------------------------------------------------
