@@ -61,7 +61,7 @@ def stateless_copy(spark, lake: Lake, settings: Settings, trigger: dict) -> quer
             """Nothing to release."""
 
     writer = Writer()
-    frame = read_stream(spark, lake.path("silver_conn"), max_files=settings.max_files_per_trigger)
+    frame = read_stream(spark, lake.path("silver_conn"), max_files=settings.max_files_per_trigger or None)
     started = query.start_query(frame, "bench_conn_copy", writer, lake.home.checkpoint("bench_conn_copy"), trigger)
     return query.RunningQuery("bench_conn_copy", started, writer, ("bench_conn_copy",))
 

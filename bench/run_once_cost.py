@@ -45,11 +45,12 @@ The run-once and the stream are never measured while the other runs. Per hour of
 An hourly run-once always has new input (a trickled feed lands files every minute), so it
 always pays the Spark start, once. With `--runonce-feed 3600` (the default run) this is the fed
 run's CPU: nothing is extrapolated on that side. `--quick` feeds the run-once 180 s (about
-45 files: one ETL micro-batch of at most `max_files_per_trigger` = 50 files, where an hour's
-~900 files make 18) and multiplies the ETL part by 20; the later stages are counted once, not
-scaled, because a run-once reads all of their new input in one micro-batch (an hour of this
-feed is a few thousand rows for them). Most of either side's cost is per micro-batch and per
-trigger, not per line, so the feed's burstiness (the two parts have different line rates;
+45 files: one ETL micro-batch; an hour's ~900 small files are one micro-batch too under the
+default byte cap, `max_bytes_per_trigger`, and made 18 under the file cap of 50 used until
+2026-11-27) and multiplies the ETL part by 20, which now overstates the hourly side; the later
+stages are counted once, not scaled, because a run-once reads all of their new input in one
+micro-batch (an hour of this feed is a few thousand rows for them). Most of either side's cost
+is per micro-batch and per trigger, not per line, so the feed's burstiness (the two parts have different line rates;
 both are printed) moves the ratio little.
 
 RESULT keys (the last line): `hourly_over_always_on_cpu` = hourly CPU/hour divided by

@@ -57,6 +57,8 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
     Whole files, so each line keeps its file, line number and the Zeek header above it.
     Spark's file source ignores names starting with `.` or `_`: the sensors' temp files.
     """
+    cap = (("maxFilesPerTrigger", settings.max_files_per_trigger) if settings.max_files_per_trigger
+           else ("maxBytesPerTrigger", settings.max_bytes_per_trigger))
     streams = []
     for source in (s.name for s in sources()):
         folder = lake.home.landing / source
@@ -64,7 +66,7 @@ def landing_files(spark: SparkSession, lake: Lake, settings: Settings) -> DataFr
         streams.append(
             spark.readStream.schema("value STRING").format("text")
             .option("wholetext", True)
-            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
+            .option(*cap)
             # A late file keeps an old modification time; never age it out.
             .option("maxFileAge", "3650d")
             # A file deleted after listing is skipped, not fatal: the query must outlive a sensor's cleanup.

@@ -38,7 +38,9 @@ def sample_run(spark, tmp_path_factory):
     home = Home.resolve(tmp_path_factory.mktemp("etl") / "home")
     shutil.copytree(SAMPLE, home.root)
     lake = Lake(home.create())
-    reports = run_once(spark, lake, Settings(max_files_per_trigger=3), only=["etl"])
+    # 2 MB per sensor folder and micro-batch: the six Zeek files (1.1 MB) and the first EVE file
+    # (1.6 MB) go in one, the second EVE file (3.4 MB, over the cap on its own) alone in the next.
+    reports = run_once(spark, lake, Settings(max_bytes_per_trigger=2_000_000), only=["etl"])
     return lake, reports, json.loads((home.root / "manifest.json").read_text())
 
 
@@ -70,7 +72,7 @@ def test_quarantine_holds_exactly_the_malformed_lines(spark, sample_run):
 def test_progress_is_reported(sample_run):
     _, reports, manifest = sample_run
     etl = reports[0]
-    assert etl.batches == 2  # max_files_per_trigger=3 per source: 6 Zeek files, 2 Suricata files
+    assert etl.batches == 2  # the byte cap (sample_run): a file over it is read, alone
     # Files and data lines are counted as what they are (Spark's numInputRows counts each whole
     # file once per source branch that scans it).
     lines = sum(n for sensor in manifest["lines"].values() for n in sensor.values())
