@@ -74,7 +74,7 @@ class LakeResource(ConfigurableResource):
     home: str | None = Field(default=None, description="home folder; default $SECLAKE_HOME, else ./seclake-home")
     settings: dict[str, str] = Field(
         default_factory=dict,
-        description="overrides of pipelines/settings.py, e.g. {max_files_per_trigger: '20'}")
+        description="overrides of pipelines/settings.py, e.g. {max_bytes_per_trigger: '67108864'}")
 
     @property
     def lake(self) -> Lake:
