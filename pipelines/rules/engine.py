@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -36,6 +37,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pipelines.attribution import held_to_attribution
 from pipelines.end_of_input import END_OF_INPUT, read_marks
 from pipelines.lake.registry import Lake
+from pipelines.lake.sink import CommitResult
 from pipelines.lake.source import check_resumable, read_stream
 from pipelines.query import (
     BatchStats,
@@ -75,6 +77,31 @@ CONFLICT = "DELTA_CONCURRENT_APPEND"
 CONFLICT_ATTEMPTS = 5
 # The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
 LATE_ROWS_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_late_rows"
+T = TypeVar("T")
+
+
+def retry_on_conflict(append: Callable[[], T], what: str) -> T:
+    """Run `append` (a write to `alerts` that read it first, `unseen`) again when another writer's
+    append to the same day committed in between (DELTA_CONCURRENT_APPEND), at most
+    CONFLICT_ATTEMPTS times; any other error, or the last conflict, is raised.
+
+    >>> calls = []
+    >>> def append():
+    ...     calls.append(1)
+    ...     if len(calls) < 3:
+    ...         raise RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added to partition ...")
+    ...     return len(calls)
+    >>> retry_on_conflict(append, "a test")
+    3
+    """
+    for _ in range(CONFLICT_ATTEMPTS - 1):
+        try:
+            return append()
+        except Exception as exc:  # Delta's ConcurrentAppendException comes as a bare Py4JJavaError
+            if CONFLICT not in str(exc):
+                raise
+            log.info("%s met a concurrent append to alerts; trying again", what)
+    return append()
 
 
 class MissingInputError(RuntimeError):
@@ -119,36 +146,23 @@ class AlertWriter:
             # that kills the application in its first second is in flight too, which
             # `RuleQuery.check_budget`'s once-a-second look at the query's status can miss.
             self.marker.write_text("stream")
-        alerts = fresh = None
+        alerts = None
         result = None
         try:
             alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
             total = new = alerts.count()
             # Most batches raise nothing new: no commit then (an empty append costs a Delta txn
             # look-up, and a replay of the batch finds the same alerts known or none).
-            for attempt in range(1, CONFLICT_ATTEMPTS + 1) if total else ():
-                fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
-                new = fresh.count()
-                try:
-                    if new:
-                        result = self.sink.write_batch(fresh, batch_id)
-                    break
-                except Exception as exc:  # Delta's ConcurrentAppendException comes as a bare Py4JJavaError
-                    # The rows read `alerts` (`unseen`), so another rule's append to the same day
-                    # conflicts with this one (DELTA_CONCURRENT_APPEND): look again, then append.
-                    if attempt == CONFLICT_ATTEMPTS or CONFLICT not in str(exc):
-                        raise
-                    fresh.unpersist()
-                    log.info("rule %s: batch %d met a concurrent append to alerts; trying again",
-                             self.rule.slug, batch_id)
+            if total:
+                new, result = retry_on_conflict(functools.partial(self._append, alerts, batch_id),
+                                                f"rule {self.rule.slug}: batch {batch_id}")
         except Exception as exc:
             # Spark reports it wrapped in "[STREAM_FAILED] ... foreach batch ... Traceback": keep the cause.
             self.error = f"batch {batch_id}: {_first_line(exc)}"
             raise
         finally:
-            for frame in (fresh, alerts):
-                if frame is not None:
-                    frame.unpersist()
+            if alerts is not None:
+                alerts.unpersist()
         stats = BatchStats(batch_id, already_known=total - new)
         if result is not None:
             stats.record(result)
@@ -157,6 +171,15 @@ class AlertWriter:
         if health.state == FAILING:  # failures counted, or a suspect of a death (counted as 0 at most)
             self.status.put(health.succeeded())
         self._report_late()
+
+    def _append(self, alerts: DataFrame, batch_id: int) -> tuple[int, CommitResult | None]:
+        """Commit the alerts `alerts_path` does not hold yet: (how many, the commit or None)."""
+        fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
+        try:
+            new = fresh.count()
+            return new, (self.sink.write_batch(fresh, batch_id) if new else None)
+        finally:
+            fresh.unpersist()
 
     def _report_late(self) -> None:
         """A platform alert (`seclake.rule_late_rows`) for each finished batch whose watermark
@@ -180,8 +203,9 @@ class AlertWriter:
             rows.append(platform_alert(alert_id, LATE_ROWS_RULE_ID, f"Rule dropped late rows: {self.rule.slug}",
                                        "medium", summary, details, utc_now()))
         # Its own ids: a batch replayed after a crash reports the same drops under the same id.
-        frame = unseen(platform_alerts(self._spark, self.lake, rows), self.alerts_path, LATE_ROWS_RULE_ID)
-        append_platform_alerts(self.lake, frame)
+        frame = platform_alerts(self._spark, self.lake, rows)
+        retry_on_conflict(lambda: append_platform_alerts(self.lake, unseen(frame, self.alerts_path, LATE_ROWS_RULE_ID)),
+                          f"rule {self.rule.slug}: its late-rows alert")
         log.warning("rule %s: %s", self.rule.slug, "; ".join(f"{b.rows:,} late row(s) dropped in micro-batch "
                                                               f"{b.batch_id}" for b in late))
 
