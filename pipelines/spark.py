@@ -4,13 +4,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socketserver
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import IO
 
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkConf, SparkContext, accumulators
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
@@ -56,6 +57,17 @@ BASE_CONF: dict[str, str] = {
     # seclake's maintenance chooses its own vacuum retention (pipelines/lake/maintenance.py).
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
 }
+
+
+# The throughput collector, not Java 17's default G1: seclake's JVM runs batch work on 2 cores,
+# where G1's concurrent marking and write barriers cost time that short pauses do not earn back
+# (`seclake run-once --only etl` on a day of the demo: 42 s -> 36 s). And a JVM out of memory exits
+# at once, printing the cause in one line ("Terminating due to java.lang.OutOfMemoryError: Java
+# heap space"): a heap filled by one rule's query would otherwise be collected for minutes while
+# the queries beside it stall, and Spark's own exit after an OutOfMemoryError prints every
+# stream thread's stack trace but not the error. Run-once and the stream resume from the last
+# commit; the rule that was running is charged (docs/rules.md).
+JVM_OPTIONS = "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError"
 
 
 def check_java() -> None:
@@ -117,8 +129,10 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     # The same for py4j's Python log: it prints a foreachBatch function's exception with its whole
     # traceback (a micro-batch interrupted when a stream stops), a cause the query reports itself.
     logging.getLogger("py4j").setLevel(logging.CRITICAL if log_level == "FATAL" else logging.NOTSET)
+    _quiet_when_the_jvm_dies(log_level == "FATAL")
     settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
-                                                 f"-Dseclake.log.level={log_level}")
+                                                 f"-Dseclake.log.level={log_level} {JVM_OPTIONS}")
+    settings["spark.executor.extraJavaOptions"] = JVM_OPTIONS
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
     settings.update(objectstore.spark_conf())
     settings.update(conf or {})
@@ -130,6 +144,29 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def _no_traceback(self: socketserver.BaseServer, request: object, client_address: object) -> None:
+    """What PySpark's accumulator server does with a request that failed: nothing (see below)."""
+
+
+def _quiet_when_the_jvm_dies(quiet: bool) -> None:
+    """When the JVM dies (out of memory, killed), py4j logs every call in flight on the root
+    logger with its traceback, and PySpark's accumulator server prints its reader's EOFError:
+    seclake reports the death in one line of its own (`pipelines.jobs`), so unless Spark's log
+    was asked for, both stay silent."""
+    root = logging.getLogger()
+    if quiet:
+        root.addFilter(_not_from_py4j)  # a no-op when it is there already
+    else:
+        root.removeFilter(_not_from_py4j)
+    for server in (accumulators.AccumulatorTCPServer, getattr(accumulators, "AccumulatorUnixServer", None)):
+        if server is not None:
+            server.handle_error = _no_traceback if quiet else socketserver.BaseServer.handle_error  # type: ignore[method-assign]
 
 
 # Lines that say nothing to a seclake user, filtered out of the JVM's stderr: the start-up notice
