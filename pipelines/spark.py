@@ -61,12 +61,11 @@ BASE_CONF: dict[str, str] = {
 
 # The throughput collector, not Java 17's default G1: seclake's JVM runs batch work on 2 cores,
 # where G1's concurrent marking and write barriers cost time that short pauses do not earn back
-# (`seclake run-once --only etl` on a day of the demo: 42 s -> 36 s). And a JVM out of memory exits
-# at once, printing the cause in one line ("Terminating due to java.lang.OutOfMemoryError: Java
-# heap space"): a heap filled by one rule's query would otherwise be collected for minutes while
-# the queries beside it stall, and Spark's own exit after an OutOfMemoryError prints every
-# stream thread's stack trace but not the error. Run-once and the stream resume from the last
-# commit; the rule that was running is charged (docs/rules.md).
+# (`seclake run-once --only etl` on a day of the demo: 43.5 and 41.9 s -> 37.7 and 35.5 s). And a
+# JVM out of memory exits at once, printing the cause in one line ("Terminating due to
+# java.lang.OutOfMemoryError: Java heap space"), where Spark's own exit after an OutOfMemoryError
+# printed its stream threads' stack traces and not the error. Run-once and the stream resume from
+# the last commit; the rule that was running is charged (docs/rules.md).
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError"
 
 
@@ -126,10 +125,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     # FATAL by default: seclake reports a failed query or task in one line of its own, so Spark's
     # ERROR lines (a task's stack trace, "Aborted commit") would only repeat it as a JVM trace.
     log_level = environment.spark_log_level() or "FATAL"
-    # The same for py4j's Python log: it prints a foreachBatch function's exception with its whole
-    # traceback (a micro-batch interrupted when a stream stops), a cause the query reports itself.
-    logging.getLogger("py4j").setLevel(logging.CRITICAL if log_level == "FATAL" else logging.NOTSET)
-    _quiet_when_the_jvm_dies(log_level == "FATAL")
+    _quiet_python_side(log_level == "FATAL")
     settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
                                                  f"-Dseclake.log.level={log_level} {JVM_OPTIONS}")
     settings["spark.executor.extraJavaOptions"] = JVM_OPTIONS
@@ -151,14 +147,17 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
 
 
 def _no_traceback(self: socketserver.BaseServer, request: object, client_address: object) -> None:
-    """What PySpark's accumulator server does with a request that failed: nothing (see below)."""
+    """What PySpark's accumulator server does with a request that failed: nothing (`_quiet_python_side`)."""
 
 
-def _quiet_when_the_jvm_dies(quiet: bool) -> None:
-    """When the JVM dies (out of memory, killed), py4j logs every call in flight on the root
-    logger with its traceback, and PySpark's accumulator server prints its reader's EOFError:
-    seclake reports the death in one line of its own (`pipelines.jobs`), so unless Spark's log
-    was asked for, both stay silent."""
+def _quiet_python_side(quiet: bool) -> None:
+    """Unless Spark's log was asked for, what the Python side of py4j and PySpark prints stays
+    silent: py4j's own log prints a foreachBatch function's exception with its whole traceback (a
+    micro-batch interrupted when a stream stops), a cause the query reports itself; and when the
+    JVM dies (out of memory, killed), py4j logs every call in flight on the root logger with its
+    traceback and PySpark's accumulator server prints its reader's EOFError, where seclake reports
+    the death in one line of its own (`pipelines.jobs`)."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL if quiet else logging.NOTSET)
     root = logging.getLogger()
     if quiet:
         root.addFilter(_not_from_py4j)  # a no-op when it is there already

@@ -883,6 +883,11 @@ class TestBadRulesInRunOnce:
         assert runs[0].returncode == 2 and "the Spark application stopped during stage" in runs[0].stderr, \
             runs[0].stderr[-3000:]
         assert "rule_heap_bomb" in runs[0].stderr.split("stopped during", 1)[1].splitlines()[0], runs[0].stderr[-3000:]
+        # The JVM names its death in one line (-XX:+ExitOnOutOfMemoryError, pipelines/spark.py), with
+        # no stack trace of Spark's shutdown nor traceback of the Python side's lost connection around it.
+        said = runs[0].stdout + runs[0].stderr
+        assert "Terminating due to java.lang.OutOfMemoryError" in said, said[-3000:]
+        assert "Traceback" not in said and "RpcEnvStoppedException" not in said, said[-3000:]
         assert runs[-1].returncode == 1, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]  # invalid files: exit 1
         _check_bad_rules_outcome(home, bad_rules_reference, expected)
 
