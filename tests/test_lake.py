@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +122,63 @@ def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):
     ids = sorted(r.event_id for r in read_table(spark, table).select("event_id").collect())
     assert ids == sorted(f"e{i}" for i in range(12))
     assert _latest_version(spark, table) == 1
+
+
+def test_two_writers_with_same_app_id_at_the_same_moment_land_a_batch_once(spark, tmp_path):
+    # Started together, both usually read the table before either commits; then the loser's only
+    # defence is Delta's conflict check on the app id the sink registers as read (`_committed_batch`).
+    table = tmp_path / "t"
+    big = spark.range(150_000).select(F.col("id"), F.sha2(F.col("id").cast("string"), 256).alias("pad"),
+                                      F.lit(dt.date(2026, 11, 20)).alias("event_date"))
+    sinks = (_sink(table), _sink(table))
+    sinks[0].write_batch(big.limit(1), 0)
+    for batch in (1, 2):
+        outcomes = _at_once([lambda sink=sink, batch=batch: sink.write_batch(big, batch) for sink in sinks])
+        committed = [o for o in outcomes if not isinstance(o, Exception) and not o.skipped]
+        lost = [o for o in outcomes if o not in committed]
+        assert len(committed) == 1 and len(lost) == 1, outcomes
+        assert (getattr(lost[0], "skipped", False)
+                or "ConcurrentTransactionException" in str(lost[0])), lost[0]
+    assert read_table(spark, table).count() == 1 + 2 * 150_000
+
+
+def _at_once(calls: list) -> list[object]:
+    """Run `calls` in threads started together; each one's result, or the exception it raised."""
+    outcomes: list[object] = []
+
+    def run(call) -> None:
+        try:
+            outcomes.append(call())
+        except Exception as exc:  # e.g. the conflict raised to the losing writer's query
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def test_an_append_reads_the_app_version_from_the_checksum_and_falls_back_without_it(spark, tmp_path):
+    table = tmp_path / "t"
+    sink = _sink(table)
+    for batch in range(4):
+        sink.write_batch(_frame(spark, 3, 3 * batch), batch)
+    # One Spark job, the write: no rebuild of the table's state to find the app's last version.
+    spark.sparkContext.setJobGroup("one-append", "an append at version 4")
+    try:
+        assert sink.write_batch(_frame(spark, 3, 12), 4).version == 4
+        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("one-append")) == 1
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    # Without the newest checksum (a crash between commit and checksum), Delta's own look-up
+    # answers: the replay is still skipped, and the next batch lands.
+    (table / "_delta_log" / f"{4:020d}.crc").unlink()
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    assert sink.write_batch(_frame(spark, 3, 12), 4).skipped
+    assert sink.write_batch(_frame(spark, 3, 15), 5).version == 5
+    assert read_table(spark, table).count() == 18
 
 
 def _timed_files(folder: Path, files: int) -> Path:

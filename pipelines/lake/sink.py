@@ -1,15 +1,18 @@
 """Streaming sink: a micro-batch appended by delta-spark, exactly once per (app_id, batch_id).
 
-Delta's idempotent writes do the bookkeeping: each append carries `txnAppId`/`txnVersion`, the
-commit records them in the table's log, and an append whose (app id, version) the log already
-holds commits nothing. So a batch replayed after a crash, or written twice by two writers that
-share an app id, lands once. Several tables written from one `foreachBatch` each keep their own
-txn, so every table is exactly-once on its own.
+Delta's idempotent writes do the bookkeeping: each append commits a `txn` action (app id, batch
+id) with its files, and an append whose app id already committed that batch id commits nothing.
+So a batch replayed after a crash, or written twice by two writers that share an app id, lands
+once. Several tables written from one `foreachBatch` each keep their own txn, so every table is
+exactly-once on its own. The append runs Delta's own transaction (`writeFiles`, `commit`); only
+the look-up of the app id's last batch reads the commit's checksum file instead of rebuilding
+the table's state (`_committed_batch`).
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +76,18 @@ class DeltaSink:
         spark = df.sparkSession
         # A tag unique to this attempt finds our commit in the history (a replay has another tag).
         tag = f"{self.app_id}:{batch_id}:{uuid.uuid4().hex}"
+        txn = _transaction(spark, self.uri)
+        if txn is None or not _same_columns(txn, df.schema):
+            return self._write_evolving(df, batch_id, tag)
+        if batch_id <= _committed_batch(spark, txn, self.app_id):
+            return self._skip(df, batch_id)
+        with delta_errors(self.name):
+            version, rows = _append(spark, txn, df, self.app_id, batch_id, tag, self.partition_by)
+        return CommitResult(self.name, batch_id, version, rows)
+
+    def _write_evolving(self, df: DataFrame, batch_id: int, tag: str) -> CommitResult:
+        """The append through Delta's DataFrame writer: creates the table, evolves its schema
+        (mergeSchema) or names the column Delta refused; slower (`_committed_batch` says why)."""
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.app_id).option("txnVersion", batch_id)
                   .option("mergeSchema", "true").option("userMetadata", tag))
@@ -80,14 +95,84 @@ class DeltaSink:
             writer = writer.partitionBy(*self.partition_by)
         with delta_errors(self.name):
             writer.save(self.uri)
-        ours = _find_commit(spark, self.uri, tag)
+        ours = _find_commit(df.sparkSession, self.uri, tag)
         if ours is None:
-            # Delta skipped the batch without running it; a stateful query's state stores must still
-            # commit it, or Spark fails the replay (STATE_STORE_COMMIT_VALIDATION_FAILED) on every
-            # restart. Only replays after a crash pay for this run.
-            df.write.format("noop").mode("overwrite").save()
-            return CommitResult(self.name, batch_id, None, skipped=True)
+            return self._skip(df, batch_id)
         return CommitResult(self.name, batch_id, *ours)
+
+    def _skip(self, df: DataFrame, batch_id: int) -> CommitResult:
+        # Delta skipped the batch without running it; a stateful query's state stores must still
+        # commit it, or Spark fails the replay (STATE_STORE_COMMIT_VALIDATION_FAILED) on every
+        # restart. Only replays after a crash pay for this run.
+        df.write.format("noop").mode("overwrite").save()
+        return CommitResult(self.name, batch_id, None, skipped=True)
+
+
+def _same_columns(txn, schema: StructType) -> bool:
+    """The table of `txn` has `schema`'s column names and types, in order; nullability aside (a
+    batch's NOT NULL is incidental), anything else is schema evolution for Delta's writer."""
+    table = StructType.fromJson(json.loads(txn.metadata().schemaString()))
+    return table.simpleString() == schema.simpleString()
+
+
+def _transaction(spark: SparkSession, uri: str):
+    """A delta-spark OptimisticTransaction on the table at `uri`, or None when there is no table yet."""
+    txn = _jvm(spark).org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri).startTransaction()
+    return txn if txn.readVersion() >= 0 else None
+
+
+def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
+    """The last batch id `app_id` committed in the transaction's snapshot (-1: none), registered
+    as Delta's own `txnVersion` registers it, so a concurrent commit of the same app id fails ours.
+
+    `txnVersion` rebuilds the snapshot's whole state with Spark jobs: about half a second per
+    commit on 2 cores, whatever the table's size (`bench/table_layer.py`). The checksum file Delta
+    writes with each commit (`.crc`) lists the app ids' versions; it is read when it does.
+    """
+    checksum = txn.snapshot().checksumOpt()
+    if not checksum.isDefined() or not checksum.get().setTransactions().isDefined():
+        return int(txn.txnVersion(app_id))
+    txn.readTxn().addOne(app_id)
+    known = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(checksum.get().setTransactions().get())
+    return max((int(t.version()) for t in known if t.appId() == app_id), default=-1)
+
+
+def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int, tag: str,
+            partition_by: list[str]) -> tuple[int, int]:
+    """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows).
+
+    What Delta's DataFrame writer does for an append to a table of the same schema, with the
+    transaction active while `df` runs, so a read of the table inside `df` (rules de-duplicate
+    against `alerts`) is checked against concurrent commits as it is there.
+    """
+    jvm = _jvm(spark)
+    delta = jvm.org.apache.spark.sql.delta
+    scala = jvm.scala.jdk.javaapi.CollectionConverters
+    # The active transaction is a thread-local of the object OptimisticTransaction (py4j keeps one
+    # JVM thread per Python thread); reached by reflection, through the loader of the Delta jars.
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    active = (jvm.java.lang.Class.forName("org.apache.spark.sql.delta.OptimisticTransaction$", True, loader)
+              .getField("MODULE$").get(None))
+    active.setActive(txn)
+    try:
+        actions = jvm.java.util.ArrayList(scala.asJava(txn.writeFiles(df._jdf)))
+    finally:
+        active.clearActive()
+    now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
+    actions.add(delta.actions.SetTransaction(app_id, batch_id, now))
+    none = jvm.scala.Option.empty()
+    partitions = jvm.scala.Some(scala.asScala(jvm.java.util.ArrayList(partition_by)).toSeq())
+    operation = delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append, partitions, none,
+                                            jvm.scala.Some(tag), none, none, none, none, none)
+    version = int(txn.commit(scala.asScala(actions).toSeq(), operation))
+    rows = txn.getMetric("numOutputRows")
+    return version, int(rows.get().value()) if rows.isDefined() else 0
+
+
+def _jvm(spark: SparkSession):
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a live session always has its gateway
+    return jvm
 
 
 def _find_commit(spark: SparkSession, uri: str, tag: str) -> tuple[int, int] | None:
