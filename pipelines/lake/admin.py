@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from pipelines.lake.jvm import gateway, scala_object, scala_seq
 from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
 
@@ -63,20 +64,14 @@ def set_transactions(spark: SparkSession, path: str | os.PathLike, versions: dic
     """
     if not versions:
         return
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # a live session always has its gateway
+    jvm = gateway(spark)
     delta = jvm.org.apache.spark.sql.delta
     log = delta.DeltaLog.forTable(spark._jsparkSession, _existing(spark, path))
     now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
-    actions = jvm.java.util.ArrayList()
-    for app_id, version in sorted(versions.items()):
-        actions.add(delta.actions.SetTransaction(app_id, int(version), now))
-    # DeltaOperations.ManualUpdate is a Scala object nested in an object: reach it by reflection,
-    # through the loader that holds the Delta jars.
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    operation = (jvm.java.lang.Class.forName("org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$", True, loader)
-                 .getField("MODULE$").get(None))
-    log.startTransaction().commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq(), operation)
+    actions = [delta.actions.SetTransaction(app_id, int(version), now) for app_id, version in sorted(versions.items())]
+    # DeltaOperations.ManualUpdate is a Scala object nested in an object.
+    operation = scala_object(spark, "org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$")
+    log.startTransaction().commit(scala_seq(spark, actions), operation)
 
 
 def write_log_checkpoint(spark: SparkSession, path: str | os.PathLike) -> int:
@@ -84,8 +79,7 @@ def write_log_checkpoint(spark: SparkSession, path: str | os.PathLike) -> int:
 
     Opening a table then reads one Parquet checkpoint instead of replaying every JSON commit.
     """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
+    jvm = gateway(spark)
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, _existing(spark, path))
     snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
     log.checkpoint(snapshot, jvm.scala.Option.empty())

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from pipelines.lake.jvm import gateway, scala_object, scala_seq
 from pipelines.lake.schema import SchemaMismatchError, as_nullable
 
 DEFAULT_CHECKPOINT_INTERVAL = 100
@@ -74,7 +75,8 @@ class DeltaSink:
     def write_batch(self, df: DataFrame, batch_id: int) -> CommitResult:
         """Append `df` as batch `batch_id`; a batch id already committed for this app_id is skipped."""
         spark = df.sparkSession
-        # A tag unique to this attempt finds our commit in the history (a replay has another tag).
+        # The commit's userMetadata, unique to this attempt: Delta's writer finds its commit in the
+        # history by it (`_find_commit`; a replay has another tag).
         tag = f"{self.app_id}:{batch_id}:{uuid.uuid4().hex}"
         txn = _transaction(spark, self.uri)
         if txn is None or not _same_columns(txn, df.schema):
@@ -117,7 +119,7 @@ def _same_columns(txn, schema: StructType) -> bool:
 
 def _transaction(spark: SparkSession, uri: str):
     """A delta-spark OptimisticTransaction on the table at `uri`, or None when there is no table yet."""
-    txn = _jvm(spark).org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri).startTransaction()
+    txn = gateway(spark).org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri).startTransaction()
     return txn if txn.readVersion() >= 0 else None
 
 
@@ -133,7 +135,7 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
     if not checksum.isDefined() or not checksum.get().setTransactions().isDefined():
         return int(txn.txnVersion(app_id))
     txn.readTxn().addOne(app_id)
-    known = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(checksum.get().setTransactions().get())
+    known = gateway(spark).scala.jdk.javaapi.CollectionConverters.asJava(checksum.get().setTransactions().get())
     return max((int(t.version()) for t in known if t.appId() == app_id), default=-1)
 
 
@@ -141,38 +143,28 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
             partition_by: list[str]) -> tuple[int, int]:
     """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows).
 
-    What Delta's DataFrame writer does for an append to a table of the same schema, with the
-    transaction active while `df` runs, so a read of the table inside `df` (rules de-duplicate
-    against `alerts`) is checked against concurrent commits as it is there.
+    What Delta's DataFrame writer does for an append to a table of the same schema, the
+    transaction active while `df` runs as it is there (Delta registers a read of the table inside
+    `df`, as the rules' de-duplication against `alerts`, with the active transaction).
     """
-    jvm = _jvm(spark)
+    jvm = gateway(spark)
     delta = jvm.org.apache.spark.sql.delta
-    scala = jvm.scala.jdk.javaapi.CollectionConverters
-    # The active transaction is a thread-local of the object OptimisticTransaction (py4j keeps one
-    # JVM thread per Python thread); reached by reflection, through the loader of the Delta jars.
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    active = (jvm.java.lang.Class.forName("org.apache.spark.sql.delta.OptimisticTransaction$", True, loader)
-              .getField("MODULE$").get(None))
+    # A thread-local of the object OptimisticTransaction (py4j keeps one JVM thread per Python thread).
+    active = scala_object(spark, "org.apache.spark.sql.delta.OptimisticTransaction$")
     active.setActive(txn)
     try:
-        actions = jvm.java.util.ArrayList(scala.asJava(txn.writeFiles(df._jdf)))
+        actions = list(jvm.scala.jdk.javaapi.CollectionConverters.asJava(txn.writeFiles(df._jdf)))
     finally:
         active.clearActive()
     now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
-    actions.add(delta.actions.SetTransaction(app_id, batch_id, now))
+    actions.append(delta.actions.SetTransaction(app_id, batch_id, now))
     none = jvm.scala.Option.empty()
-    partitions = jvm.scala.Some(scala.asScala(jvm.java.util.ArrayList(partition_by)).toSeq())
-    operation = delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append, partitions, none,
+    operation = delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append,
+                                            jvm.scala.Some(scala_seq(spark, partition_by)), none,
                                             jvm.scala.Some(tag), none, none, none, none, none)
-    version = int(txn.commit(scala.asScala(actions).toSeq(), operation))
+    version = int(txn.commit(scala_seq(spark, actions), operation))
     rows = txn.getMetric("numOutputRows")
     return version, int(rows.get().value()) if rows.isDefined() else 0
-
-
-def _jvm(spark: SparkSession):
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # a live session always has its gateway
-    return jvm
 
 
 def _find_commit(spark: SparkSession, uri: str, tag: str) -> tuple[int, int] | None:
