@@ -68,6 +68,14 @@ BASE_CONF: dict[str, str] = {
 # the last commit; the rule that was running is charged (docs/rules.md).
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError"
 
+# The driver JVM's class-data archive (CDS): Spark's and Delta's classes as a run-once left them
+# loaded and verified, mapped at start instead of read from the jars (`pipelines/class_archive.py`
+# records it at set-up; docs/performance.md, "JVM start"). Without it, or when it no longer matches
+# the JVM or the class path (an upgrade), the JVM starts as before: the mismatch is not an error,
+# so its warning is silenced.
+CLASS_ARCHIVE = JARS_DIR / "seclake-classes.jsa"
+_ARCHIVE_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
 
 def check_java() -> None:
     """Fail early with a clear message unless `java` 17+ is on PATH.
@@ -126,8 +134,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     # ERROR lines (a task's stack trace, "Aborted commit") would only repeat it as a JVM trace.
     log_level = environment.spark_log_level() or "FATAL"
     _quiet_python_side(log_level == "FATAL")
-    settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
-                                                 f"-Dseclake.log.level={log_level} {JVM_OPTIONS}")
+    settings["spark.driver.extraJavaOptions"] = driver_java_options(log_level)
     settings["spark.executor.extraJavaOptions"] = JVM_OPTIONS
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
     settings.update(objectstore.spark_conf())
@@ -140,6 +147,26 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def driver_java_options(log_level: str, archive: str = "use") -> str:
+    """The driver JVM's options: seclake's log4j configuration at `log_level`, JVM_OPTIONS, and the
+    class-data archive: mapped when it exists (`archive="use"`), recorded at exit (`"record"`, by
+    `pipelines.class_archive`), or left out (`"off"`).
+
+    >>> driver_java_options("FATAL", archive="off").split()[-2:]
+    ['-XX:+UseParallelGC', '-XX:+ExitOnOutOfMemoryError']
+    >>> driver_java_options("FATAL", archive="record").split()[-3].endswith("seclake-classes.jsa.tmp")
+    True
+    """
+    options = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -Dseclake.log.level={log_level} {JVM_OPTIONS}"
+    if archive == "record":
+        return f"{options} -XX:ArchiveClassesAtExit={CLASS_ARCHIVE}.tmp {_ARCHIVE_QUIET}"
+    if archive == "use" and CLASS_ARCHIVE.exists():
+        return f"{options} -XX:SharedArchiveFile={CLASS_ARCHIVE} {_ARCHIVE_QUIET}"
+    if archive not in ("use", "record", "off"):
+        raise ValueError(f"archive={archive!r}: expected 'use', 'record' or 'off'")
+    return options
 
 
 def _not_from_py4j(record: logging.LogRecord) -> bool:
