@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pyspark import SparkContext
+
 from pipelines.query import Stage
 from pipelines.spark import CLASS_ARCHIVE, driver_java_options, get_spark
 from pipelines.stages import is_rule, stages
@@ -56,9 +58,7 @@ def record(workdir: Path) -> float:
     if failed:
         raise RuntimeError(f"the training run-once failed in {failed}")
     spark.stop()
-    # The JVM writes the archive as it exits: when py4j's gateway process ends.
-    from pyspark import SparkContext
-
+    # The JVM writes the archive as it exits: when its stdin, py4j's gateway pipe, closes.
     proc = SparkContext._gateway.proc if SparkContext._gateway is not None else None
     if proc is not None:
         proc.stdin.close()
