@@ -68,11 +68,11 @@ BASE_CONF: dict[str, str] = {
 # the last commit; the rule that was running is charged (docs/rules.md).
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError"
 
-# The driver JVM's class-data archive (CDS): Spark's and Delta's classes as a run-once left them
-# loaded and verified, mapped at start instead of read from the jars (`pipelines/class_archive.py`
-# records it at set-up; docs/performance.md, "JVM start"). Without it, or when it no longer matches
-# the JVM or the class path (an upgrade), the JVM starts as before: the mismatch is not an error,
-# so its warning is silenced.
+# The driver JVM's class-data archive (CDS): the classes of Spark's class path that a run-once
+# loaded, parsed and verified once, mapped at start instead of read from the jars
+# (`pipelines/class_archive.py` records it at set-up; docs/performance.md, "JVM start"). Without
+# it, or when it no longer matches the JVM or the class path (an upgrade), the JVM starts as
+# before: the mismatch is not an error, so its warning is silenced.
 CLASS_ARCHIVE = JARS_DIR / "seclake-classes.jsa"
 _ARCHIVE_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -149,23 +149,21 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     return spark
 
 
-def driver_java_options(log_level: str, archive: str = "use") -> str:
+def driver_java_options(log_level: str, record_archive: bool = False) -> str:
     """The driver JVM's options: seclake's log4j configuration at `log_level`, JVM_OPTIONS, and the
-    class-data archive: mapped when it exists (`archive="use"`), recorded at exit (`"record"`, by
-    `pipelines.class_archive`), or left out (`"off"`).
+    class-data archive: mapped when it exists, or written at exit with `record_archive` (by
+    `pipelines.class_archive`, to CLASS_ARCHIVE + ".tmp").
 
-    >>> driver_java_options("FATAL", archive="off").split()[-2:]
+    >>> driver_java_options("FATAL").split()[2:4]
     ['-XX:+UseParallelGC', '-XX:+ExitOnOutOfMemoryError']
-    >>> driver_java_options("FATAL", archive="record").split()[-3].endswith("seclake-classes.jsa.tmp")
+    >>> driver_java_options("FATAL", record_archive=True).split()[4].endswith("seclake-classes.jsa.tmp")
     True
     """
     options = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -Dseclake.log.level={log_level} {JVM_OPTIONS}"
-    if archive == "record":
+    if record_archive:
         return f"{options} -XX:ArchiveClassesAtExit={CLASS_ARCHIVE}.tmp {_ARCHIVE_QUIET}"
-    if archive == "use" and CLASS_ARCHIVE.exists():
+    if CLASS_ARCHIVE.exists():
         return f"{options} -XX:SharedArchiveFile={CLASS_ARCHIVE} {_ARCHIVE_QUIET}"
-    if archive not in ("use", "record", "off"):
-        raise ValueError(f"archive={archive!r}: expected 'use', 'record' or 'off'")
     return options
 
 
