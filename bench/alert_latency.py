@@ -45,7 +45,7 @@ key is `nan` and the line before RESULT says why.
 RESULT keys (the last line): `per_event_p95_s`, `threshold_p95_s` as above; extra keys
 `silver_p95_s` (landing -> all of a file's silver rows committed) and `floor_p95_s`.
 
-    python bench/alert_latency.py --quick                  # 120 s of feed (24 event minutes), 20 s drain: ~5-6 min
+    python bench/alert_latency.py --quick                  # 120 s of feed (24 event minutes), 20 s drain: ~5 min
     python bench/alert_latency.py                          # 300 s of feed (an event hour), 60 s drain: ~9 min
     python bench/alert_latency.py --hosts 40 --speed 4
 """
@@ -153,7 +153,7 @@ def silver_of(table: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="120 s of feed and a 20 s drain (~5-6 min)")
+    parser.add_argument("--quick", action="store_true", help="120 s of feed and a 20 s drain (~5 min)")
     parser.add_argument("--hosts", type=int, default=10)
     parser.add_argument("--speed", type=float, default=12.0,
                         help="seconds of event time delivered per second of wall time (default 12)")
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.1)
     feed_wall = time.monotonic() - feed_started
     poll_tables()
-    common.stop_gracefully(stream, timeout=180)
+    common.kill_now(stream)
     floor_query.stop()
     spark.stop()
 

@@ -292,3 +292,25 @@ def stop_gracefully(proc: subprocess.Popen, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def kill_now(proc: subprocess.Popen, *, keep_root: bool = False) -> None:
+    """SIGKILL `proc`'s descendants (and `proc` unless `keep_root`), then wait for `proc`.
+
+    For a stream whose measurement is over: its clean stop waits for the micro-batches in flight
+    (a minute when it is behind), which measures nothing. What a killed stream was writing is
+    taken up exactly once by the next run on the home. `keep_root` spares a `bench/cputime.py`
+    wrapper, which then reaps the rest and writes its report.
+    """
+    for _ in range(3):  # a process spawned while the first pass ran is caught by the next
+        pids = [p for p in tree_pids(proc.pid) if p != proc.pid]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if not keep_root:
+        proc.kill()
+    proc.wait()

@@ -24,17 +24,21 @@ up) are left out; the rest is split, in event time, into three consecutive parts
      taking more files per trigger, so its CPU per second of feed is its measured busy rate
      (CPU / wall seconds since the window's start). An estimate: with bigger batches it may run
      more or less parallel than measured.
-   Then the stream is stopped and its JVM reaped.
-3. run-once (`--runonce-feed` s of feed), on the same home, with nothing else running:
-   - first, not counted, a run-once that takes in what the stream left undone (a stream that did
-     not keep up stops with work queued for its later stages);
-   - `seclake run-once` with nothing new in landing, under `bench/cputime.py`:
-     `noinput_run_once_cpu_s` (every stage found idle from files; no JVM is started);
+   Then the stream is killed and its JVMs reaped (its clean stop would wait for the batches it
+   is behind with, which measures nothing).
+3. run-once (`--runonce-feed` s of feed), with nothing else running, on a copy of the home taken
+   once the stream had processed the warm-up and was quiet (no batch running or started during
+   the copy): the state an hourly run-once starts from, without waiting for the stream to stop
+   or for a run-once to take in what it left undone.
    - run-once's Spark session started and stopped alone, under `bench/cputime.py`: the start-up
      a run-once with new input pays once;
-   - the part's files all landed at once, then `seclake run-once` under `bench/cputime.py`.
+   - the part's files all landed at once, then `seclake run-once` under `bench/cputime.py`;
+   - then `seclake run-once` with nothing new in landing, under `bench/cputime.py`:
+     `noinput_run_once_cpu_s` (every stage found idle from files; no JVM is started).
    The fed run's process-tree CPU is also sampled when the `etl` stage reports, which splits it
-   into "start-up + ETL" and "the later stages".
+   into "start-up + ETL" and "the later stages". The fed run also closes the warm-up's last
+   windows and lease pieces (end of input), as every hourly run closes the hour before's: no
+   micro-batch more.
 
 The run-once and the stream are never measured while the other runs. Per hour of feed:
 
@@ -71,6 +75,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -124,6 +129,20 @@ def run_once_measured(home: Path, work: Path, label: str) -> dict:
     if rc != 0:
         print(f"  warning: run-once {label} exited {rc}; see {work / f'run-once-{label}.log'}", flush=True)
     return result
+
+
+def copy_quiet(home: Path, to: Path, attempts: int = 5) -> bool:
+    """Copy `home` to `to` while its stream is quiet: no micro-batch running or started during the
+    copy (its checkpoints' offsets/ and commits/ unchanged), so tables and checkpoints agree.
+    The stream's pid marker is left out: the copy has no stream."""
+    for _ in range(attempts):
+        before = activity(home)
+        shutil.copytree(home, to, ignore=shutil.ignore_patterns("stream.pid"))
+        if not before[0] and activity(home) == before:
+            return True
+        shutil.rmtree(to)
+        time.sleep(1)
+    return False
 
 
 def bronze_lines(home: Path) -> int:
@@ -187,13 +206,23 @@ class CpuSampler:
         return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
 
 
+def rules_started(home: Path) -> bool:
+    """Every rule of the pack has started its query (its checkpoint's `metadata` exists): the
+    stream's rules application, which starts after the table queries, is up."""
+    from pipelines.rules.pack import default_rules_dir, scan_rules
+
+    rules = scan_rules(default_rules_dir()).rules
+    return all((home / "checkpoints" / rule.checkpoint_name / "metadata").is_file() for rule in rules)
+
+
 def wait_processed(home: Path, lines: int, quiet: float, limit: float, proc: subprocess.Popen,
                    sampler: CpuSampler) -> bool:
-    """Sample CPU until bronze holds `lines` lines and no query ran a batch for `quiet` s; False on timeout."""
+    """Sample CPU until bronze holds `lines` lines, every rule query has started and no query ran
+    a batch for `quiet` s; False on timeout."""
     started = time.monotonic()
     while time.monotonic() - started < limit and proc.poll() is None:
         sampler.sample()
-        if bronze_lines(home) >= lines:
+        if bronze_lines(home) >= lines and rules_started(home):
             busy, newest = activity(home)
             if not busy and time.time() - newest >= quiet:
                 return True
@@ -271,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"stream up, warm-up processed and quiet after {time.monotonic() - started:.0f} s "
           f"({sampler.sample():.1f} CPU s, not counted)", flush=True)
+    runonce_home = work / "runonce-home"
+    if not copy_quiet(home, runonce_home):
+        common.kill_now(stream, keep_root=True)
+        print("the stream never stayed quiet through a copy of its home: nothing measured")
+        print("RESULT hourly_over_always_on_cpu=nan noinput_run_once_cpu_s=nan")
+        return 1
     i_start = time.time()
     while time.time() < i_start + args.idle:
         sampler.sample()
@@ -309,26 +344,21 @@ def main(argv: list[str] | None = None) -> int:
                f"{busy_rate:.2f} CPU s/s over {w_end - w_start:.0f} s")
     print(f"  stream: {cpu_window:.1f} CPU s over {w_end - w_start:.0f} s from the window's start "
           + ("to its last batch" if kept_up else "(still processing it)"), flush=True)
-    common.stop_gracefully(stream, timeout=300)
+    common.kill_now(stream, keep_root=True)  # the wrapper reaps the JVMs and writes its report
     stream_log.close()
     stream_total = json.loads((work / "cpu-stream.json").read_text()) if (work / "cpu-stream.json").exists() else {}
 
-    # -- run-once, alone --------------------------------------------------------------------------
-    # The stream may have stopped with work left for its later stages (it need not have caught up):
-    # one run-once takes that in first, so the no-input run-once has truly nothing to do.
-    settle = run_once_measured(home, work, "settle")
-    print(f"run-once taking in what the stream left: {settle['cpu']:.1f} CPU s, {settle['wall']:.0f} s wall (not "
-          "counted)", flush=True)
-    print("run-once with nothing new in landing", flush=True)
-    noinput = run_once_measured(home, work, "noinput")
-    print(f"  {noinput['cpu']:.1f} CPU s, {noinput['wall']:.0f} s wall", flush=True)
+    # -- run-once, alone, on the copy taken after the warm-up -------------------------------------
     start_cpu = spark_start_cpu(work)
     print(f"starting run-once's Spark session alone: {start_cpu:.1f} CPU s", flush=True)
-    landed += deliver(parts["runonce"], home)
+    runonce_landed = lines["warm"] + deliver(parts["runonce"], runonce_home)
     print(f"run-once over {len(parts['runonce'])} files ({args.runonce_feed:g} s of feed)", flush=True)
-    run = run_once_measured(home, work, "feed")
+    run = run_once_measured(runonce_home, work, "feed")
     print(f"  {run['cpu']:.1f} CPU s, {run['wall']:.0f} s wall", flush=True)
-    missing = landed - bronze_lines(home)
+    missing = runonce_landed - bronze_lines(runonce_home)
+    print("run-once with nothing new in landing", flush=True)
+    noinput = run_once_measured(runonce_home, work, "noinput")
+    print(f"  {noinput['cpu']:.1f} CPU s, {noinput['wall']:.0f} s wall", flush=True)
 
     stream_per_hour = per_s * HOUR_S
     scale = HOUR_S / args.runonce_feed
@@ -361,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: {missing} landed lines are not in bronze at the end")
     path = common.save_results("run_once_cost", {
         **results, "lines_per_hour": {"window": window_lines_per_hour, "runonce": lines_per_hour},
-        "settle": settle, "noinput": noinput, "spark_start_cpu": start_cpu, "run": run,
+        "noinput": noinput, "spark_start_cpu": start_cpu, "run": run,
         "hourly_parts": {"etl_extra": etl_extra, "later_extra": later_extra, "etl_scale": scale},
         "stream": {"cpu_window": cpu_window, "busy_s": w_end - w_start, "busy_cpu_per_s": busy_rate,
                    "idle_cpu_per_s": idle_rate, "drain_s": drain, "cpu": stream_cpu, "kept_up": kept_up,
