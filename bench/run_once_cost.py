@@ -12,7 +12,8 @@ up) are left out; the rest is split, in event time, into three consecutive parts
    under `bench/cputime.py`, and this script delivers each file at its real time (one second
    of feed = one second of wall time: the trickle), sampling the stream's process-tree CPU
    (`common.tree_cpu`: JVM and Python workers included) twice a second. Before the window,
-   once the warm-up is processed (every query's last micro-batch ended and none started for
+   once the warm-up is processed (every rule query of the rules' application, which starts after
+   the table queries, has started, and every query's last micro-batch ended and none started for
    `--quiet` s, from their checkpoints' offsets/ and commits/), the idle rate is sampled over
    `--idle` s. Then:
    - if the stream has processed the window's files within `--catch-up` s after the window,
@@ -206,23 +207,23 @@ class CpuSampler:
         return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
 
 
-def rules_started(home: Path) -> bool:
-    """Every rule of the pack has started its query (its checkpoint's `metadata` exists): the
-    stream's rules application, which starts after the table queries, is up."""
+def rule_query_marks(home: Path) -> list[Path]:
+    """The file each rule of the pack's query writes as it starts (its checkpoint's `metadata`):
+    all there = the stream's rules application, which starts after the table queries, is up.
+    Read once: the pack is not re-parsed on every sample."""
     from pipelines.rules.pack import default_rules_dir, scan_rules
 
-    rules = scan_rules(default_rules_dir()).rules
-    return all((home / "checkpoints" / rule.checkpoint_name / "metadata").is_file() for rule in rules)
+    return [home / "checkpoints" / rule.checkpoint_name / "metadata" for rule in scan_rules(default_rules_dir()).rules]
 
 
 def wait_processed(home: Path, lines: int, quiet: float, limit: float, proc: subprocess.Popen,
-                   sampler: CpuSampler) -> bool:
-    """Sample CPU until bronze holds `lines` lines, every rule query has started and no query ran
-    a batch for `quiet` s; False on timeout."""
+                   sampler: CpuSampler, started_marks: list[Path]) -> bool:
+    """Sample CPU until bronze holds `lines` lines, every file of `started_marks` exists (every rule
+    query started) and no query ran a batch for `quiet` s; False on timeout."""
     started = time.monotonic()
     while time.monotonic() - started < limit and proc.poll() is None:
         sampler.sample()
-        if bronze_lines(home) >= lines and rules_started(home):
+        if bronze_lines(home) >= lines and all(mark.is_file() for mark in started_marks):
             busy, newest = activity(home)
             if not busy and time.time() - newest >= quiet:
                 return True
@@ -292,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                               cwd=common.REPO, stdout=stream_log, stderr=subprocess.STDOUT, start_new_session=True)
     sampler = CpuSampler(stream.pid)
     started = time.monotonic()
-    if not wait_processed(home, landed, args.quiet, 400, stream, sampler):
+    rules_up = rule_query_marks(home)
+    if not wait_processed(home, landed, args.quiet, 400, stream, sampler, rules_up):
         common.stop_gracefully(stream, timeout=120)
         print((work / "stream.log").read_text(errors="replace")[-3000:])
         print("the stream did not process the warm-up feed within 400 s: nothing measured")
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     while time.time() < w_start + args.window:
         sampler.sample()
         time.sleep(0.2)
-    kept_up = wait_processed(home, landed, args.quiet, args.catch_up + args.quiet, stream, sampler)
+    kept_up = wait_processed(home, landed, args.quiet, args.catch_up + args.quiet, stream, sampler, rules_up)
     w_end = activity(home)[1] if kept_up else sampler.samples[-1][0]
     cpu_window = sampler.at(w_end) - sampler.at(w_start)
     busy_rate = cpu_window / max(1e-6, w_end - w_start)
