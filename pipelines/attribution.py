@@ -47,6 +47,7 @@ from pipelines.query import (
     batch_watermark,
     late_batches,
     start_query,
+    stateful_session,
 )
 from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
 from pipelines.settings import Settings
@@ -579,14 +580,15 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # each file of a silver commit spans the commit's whole event-time range, so a limit in files
     # that split a commit would make the later files' rows look late (and a run-once's end-of-input
     # mark, read whole in the first micro-batch, would come before the rest of the data).
-    dhcp = read_stream(spark, lake.path("silver_dhcp"))
+    session = stateful_session(spark, settings)
+    dhcp = read_stream(session, lake.path("silver_dhcp"))
     writer = AttributionWriter(spark, lake, LEASES)
     # The enriched queries stream from dhcp_leases and all four queries write late_events: create
     # both before any of them runs (no stream over a missing table, no two writers racing to
     # create one). Batch id -1 marks "nothing committed yet": batch 0 still commits.
     for table in (LEASES, LATE_EVENTS):
         lake.ensure(spark, table, settings.checkpoint_interval)
-    return _run(LEASES, lease_segments(dhcp, read_marks(spark, lake), settings), writer, lake, trigger)
+    return _run(LEASES, lease_segments(dhcp, read_marks(session, lake), settings), writer, lake, trigger)
 
 
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
@@ -598,12 +600,13 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     if table not in ENRICHED_INPUTS:
         raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
     # Events and leases by whole commits (no read limit): see `start_leases`, and `attribute`.
-    events = read_stream(spark, lake.path(ENRICHED_INPUTS[table]))
-    leases = read_stream(spark, lake.path(LEASES))
-    devices = load_devices(spark, lake.home.reference / INVENTORY_FILE)
+    session = stateful_session(spark, settings)
+    events = read_stream(session, lake.path(ENRICHED_INPUTS[table]))
+    leases = read_stream(session, lake.path(LEASES))
+    devices = load_devices(session, lake.home.reference / INVENTORY_FILE)
     # Each side reads the marks as a source of its own, so neither side's plan shares column ids
     # with the other's (the optimizer infers filters across the join from them).
-    frame = attribute(events, leases, (read_marks(spark, lake), read_marks(spark, lake)), devices, table, settings)
+    frame = attribute(events, leases, (read_marks(session, lake), read_marks(session, lake)), devices, table, settings)
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
 

@@ -219,6 +219,27 @@ class Stage:
         return self.checkpoint or self.name
 
 
+def clone_session(spark: SparkSession) -> SparkSession:
+    """A session of its own (temp views, settings) that sees what `spark` registered.
+
+    A clone, not `spark.newSession()`: in Spark 4.x a new session neither sees the Python data
+    sources its parent registered nor may register them again, while a clone inherits them.
+    """
+    from pyspark.sql import SparkSession
+
+    return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+
+
+def stateful_session(spark: SparkSession, settings: Settings) -> SparkSession:
+    """A clone of `spark` (`clone_session`) for building and starting a stateful query: a new
+    checkpoint keeps its state in `settings.state_partitions` partitions; an existing one keeps
+    the count it was created with (Spark restores it from the checkpoint's offsets).
+    """
+    session = clone_session(spark)
+    session.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
+    return session
+
+
 def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
                 trigger: dict, output_mode: str = "append") -> StreamingQuery:
     """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""

@@ -53,6 +53,13 @@ class Settings:
     # A rule micro-batch running longer than this is stopped and counted as a failure: the pack's
     # rules take seconds per batch; minutes mean a runaway join or regex starving the others.
     rule_batch_budget: str = "10 minutes"
+    # Partitions of the state of each stateful query (dhcp_leases, the enriched joins, every rule),
+    # taken by a checkpoint when it is created (an existing one keeps its own: Spark restores it).
+    # Every partition is a state store to load and commit in every micro-batch, whatever its rows:
+    # on 2 cores a streaming join's state stage took 1.2-1.4 s of task time per 20-row micro-batch
+    # with 4 partitions and 0.23-0.26 s with 1, a rule's 0.33-0.47 s and 0.06-0.09 s (docs/performance.md).
+    # A cluster with big state may want more; run-once still fills the cores with a wave's queries.
+    state_partitions: int = 1
     # Run-once runs the stages of a wave (the enriched tables, then the rules) this many at once:
     # one query's planning and commits fill the cores while another's tasks run. The pack's 12 rules
     # on a 3-hour home (2 cores, warm JVM): one at a time 66-78 s, 4 at once 34 s, all 12 at once 39-53 s.

@@ -157,3 +157,12 @@ def real_logs() -> Path:
         pytest.skip(f"real logs not present at {REAL_LOGS} "
                     "(they live beside the repo in ../shared, not in a user's checkout)")
     return REAL_LOGS
+
+
+def state_partitions(lake, query: str) -> set[str]:
+    """The shuffle (state) partitions every micro-batch in `query`'s checkpoint ran with."""
+    from pipelines.checkpoint import read_batch
+
+    checkpoint = lake.home.checkpoint(query)
+    return {read_batch(checkpoint, int(f.name)).metadata["conf"]["spark.sql.shuffle.partitions"]
+            for f in (checkpoint / "offsets").iterdir() if f.name.isdigit()}

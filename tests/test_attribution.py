@@ -8,6 +8,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from conftest import state_partitions
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
 from pipelines.end_of_input import END_OF_INPUT
@@ -280,11 +281,15 @@ def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp
     for number, (table, table_rows) in enumerate([*steps, ("silver_dhcp", [])], start=1):
         if table_rows:
             commit(lake, table, table_rows)
-        reports = run_stages(spark, lake, settings, ("enriched_conn",), flush=number == len(steps) + 1)
+        # Checkpoints made with 3 state partitions keep them when the setting changes half-way.
+        partitions = 3 if number <= len(steps) // 2 else 1
+        reports = run_stages(spark, lake, settings.with_overrides({"state_partitions": partitions}),
+                             ("enriched_conn",), flush=number == len(steps) + 1)
         assert all(r.late_rows == 0 for r in reports.values())
         batches += reports["enriched_conn"].batches
     assert batches >= len(jittered["silver_conn"]) // 4  # a micro-batch per conn commit at least
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
+    assert state_partitions(lake, attribution.LEASES) == state_partitions(lake, "enriched_conn") == {"3"}
 
 
 def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spark, tmp_path):
@@ -302,6 +307,8 @@ def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spa
     reports = run_stages(spark, lake, settings, ("enriched_conn",))
     assert all(r.late_rows == 0 for r in reports.values())
     assert not lake.exists("late_events") or lake.read(spark, "late_events").count() == 0
+    # A new checkpoint takes the default state_partitions (1), whatever the session's shuffle partitions.
+    assert state_partitions(lake, attribution.LEASES) == state_partitions(lake, "enriched_conn") == {"1"}
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import state_partitions
 from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
@@ -122,6 +123,8 @@ def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark,
         batch = backtest(spark, lake, rule).alerts
         closed = {a["alert_id"] for a in batch if a["window_end"].strftime("%H:%M") <= "13:00"}
         assert closed == {a.alert_id for a in streamed if a.rule_id == rule.id}
+    # A rule's state is in `state_partitions` (1) partitions, whatever the session's shuffle partitions (4).
+    assert all(state_partitions(lake, rule.checkpoint_name) == {"1"} for rule in rules)
 
     # A re-run from scratch (checkpoint deleted, batch ids start again at 0) adds nothing: the
     # alerts already in the table are recognised by their ids.

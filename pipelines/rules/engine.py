@@ -44,9 +44,11 @@ from pipelines.query import (
     RunningQuery,
     Stage,
     StoppedQuery,
+    clone_session,
     error_summary,
     late_batches,
     start_query,
+    stateful_session,
     stop_between_batches,
 )
 from pipelines.rules.alerts import alert_frame, unseen
@@ -319,14 +321,9 @@ NO_PUSHDOWN_RULES: tuple[str, ...] = (
 
 
 def rule_session(spark: SparkSession, *, streaming: bool = False) -> SparkSession:
-    """A session for one rule: its own temp views and settings, files not readable by SQL; a
-    streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES).
-
-    A clone of `spark`, not `spark.newSession()`: in Spark 4.x a new session neither sees the
-    Python data sources (seclake_delta) its parent registered nor may register them again,
-    while a clone inherits them.
-    """
-    session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    """A session for one rule (`clone_session`): its own temp views and settings, files not
+    readable by SQL; a streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES)."""
+    session = clone_session(spark)
     session.conf.set("spark.sql.runSQLOnFiles", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
     if streaming:
@@ -391,7 +388,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         if once:
             marker.write_text("once")
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
-        session = rule_session(spark, streaming=True)
+        session = rule_session(stateful_session(spark, settings), streaming=True)
         marks = read_marks(session, lake)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
