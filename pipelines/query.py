@@ -220,10 +220,10 @@ class Stage:
 
 
 def clone_session(spark: SparkSession) -> SparkSession:
-    """A session of its own (temp views, settings) that sees what `spark` registered.
+    """A session of its own: settings and temp views set on it stay in it.
 
-    A clone, not `spark.newSession()`: in Spark 4.x a new session neither sees the Python data
-    sources its parent registered nor may register them again, while a clone inherits them.
+    A clone, not `spark.newSession()`: it starts with what was set on `spark` (SQL settings,
+    temp views), which a new session would start without.
     """
     from pyspark.sql import SparkSession
 

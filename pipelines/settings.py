@@ -86,6 +86,10 @@ class Settings:
     # Five tries with a doubling back-off from 1 s ride out a receiver's restart (~30 s).
     notify_max_attempts: int = 5
 
+    def __post_init__(self) -> None:
+        if self.state_partitions < 1:  # Spark's own refusal would come at a query's start, naming its conf
+            raise ValueError(f"setting state_partitions={self.state_partitions}: must be 1 or more")
+
     def with_overrides(self, overrides: Mapping[str, object]) -> "Settings":
         """A copy with `overrides` applied, strings converted to each setting's type (the CLI's
         `--set`, Dagster's run config); an unknown name or a bad number is a ValueError naming it.
@@ -96,6 +100,10 @@ class Settings:
         Traceback (most recent call last):
         ...
         ValueError: setting max_files_per_trigger='many': not a number (int)
+        >>> Settings().with_overrides({"state_partitions": "0"})
+        Traceback (most recent call last):
+        ...
+        ValueError: setting state_partitions=0: must be 1 or more
         """
         kinds = {f.name: type(getattr(self, f.name)) for f in fields(self)}
         unknown = sorted(set(overrides) - set(kinds))
