@@ -15,15 +15,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.checkpoint import clear_unstarted
 from pipelines.lake.sink import CommitResult
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from pipelines.lake.registry import Lake
     from pipelines.settings import Settings
 
@@ -225,8 +223,6 @@ def clone_session(spark: SparkSession) -> SparkSession:
     A clone, not `spark.newSession()`: it starts with what was set on `spark` (SQL settings,
     temp views), which a new session would start without.
     """
-    from pyspark.sql import SparkSession
-
     return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
 
 

@@ -58,7 +58,9 @@ class Settings:
     # Every partition is a state store to load and commit in every micro-batch, whatever its rows:
     # on 2 cores a streaming join's state stage took 1.2-1.4 s of task time per 20-row micro-batch
     # with 4 partitions and 0.23-0.26 s with 1, a rule's 0.33-0.47 s and 0.06-0.09 s (docs/performance.md).
-    # A cluster with big state may want more; run-once still fills the cores with a wave's queries.
+    # A cluster with big state may want more. Run-once's big batches did not slow down: the 24 h
+    # demo's dhcp_leases (alone in its wave) took 11.6-11.7 s against 10.8-11.9 s with 4, its
+    # enriched wave 41-45 s against 42-53 s.
     state_partitions: int = 1
     # Run-once runs the stages of a wave (the enriched tables, then the rules) this many at once:
     # one query's planning and commits fill the cores while another's tasks run. The pack's 12 rules

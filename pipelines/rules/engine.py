@@ -320,13 +320,14 @@ NO_PUSHDOWN_RULES: tuple[str, ...] = (
 )
 
 
-def rule_session(spark: SparkSession, *, streaming: bool = False) -> SparkSession:
+def rule_session(spark: SparkSession, stream: Settings | None = None) -> SparkSession:
     """A session for one rule (`clone_session`): its own temp views and settings, files not
-    readable by SQL; a streaming one also keeps filters above the watermark (see NO_PUSHDOWN_RULES)."""
-    session = clone_session(spark)
+    readable by SQL. Given the `stream`'s settings, one for a streaming rule: a `stateful_session`
+    that also keeps filters above the watermark (see NO_PUSHDOWN_RULES)."""
+    session = clone_session(spark) if stream is None else stateful_session(spark, stream)
     session.conf.set("spark.sql.runSQLOnFiles", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
-    if streaming:
+    if stream is not None:
         excluded = [r for r in (session.conf.get("spark.sql.optimizer.excludedRules", "") or "").split(",") if r]
         session.conf.set("spark.sql.optimizer.excludedRules", ",".join([*excluded, *NO_PUSHDOWN_RULES]))
     return session
@@ -388,7 +389,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         if once:
             marker.write_text("once")
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
-        session = rule_session(stateful_session(spark, settings), streaming=True)
+        session = rule_session(spark, settings)
         marks = read_marks(session, lake)
         for table in rule.tables:
             # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
