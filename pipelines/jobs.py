@@ -303,7 +303,7 @@ class RulesApp:
                 *[arg for assignment in changed for arg in ("--set", assignment)]]
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(self.command(), preexec_fn=_child_setup())
+        self.proc = subprocess.Popen(self.command(), preexec_fn=_child_setup(self.settings.rules_niceness))
 
     def check(self, spark: SparkSession, now: float, tables_up: Callable[[], bool]) -> None:
         """Start the child when `tables_up()` (or RULES_START_MAX_WAIT_SECONDS after entering);
@@ -327,11 +327,12 @@ class RulesApp:
                   f", in a batch of {', '.join(charged)}" if charged else "", wait)
 
 
-def _child_setup() -> Callable[[], None]:
+def _child_setup(niceness: int) -> Callable[[], None]:
     """What the rules application's process runs before exec: SIGKILL when its parent dies (Linux
-    prctl PR_SET_PDEATHSIG), and Ctrl-C ignored (the terminal sends it to both processes; the
-    parent stops the child with SIGTERM). libc is loaded here, in the parent: code between fork
-    and exec must not import (the import lock may be held by another thread)."""
+    prctl PR_SET_PDEATHSIG), Ctrl-C ignored (the terminal sends it to both processes; the parent
+    stops the child with SIGTERM), and `niceness` added to its scheduling niceness. libc is loaded
+    here, in the parent: code between fork and exec must not import (the import lock may be held by
+    another thread)."""
     try:
         prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:  # not Linux: the child notices its parent is gone within a second instead
@@ -339,6 +340,7 @@ def _child_setup() -> Callable[[], None]:
 
     def setup() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os.nice(niceness)
         if prctl is not None:
             prctl(1, signal.SIGKILL)
 

@@ -66,6 +66,12 @@ class Settings:
     # one query's planning and commits fill the cores while another's tasks run. The pack's 12 rules
     # on a 3-hour home (2 cores, warm JVM): one at a time 66-78 s, 4 at once 34 s, all 12 at once 39-53 s.
     stages_at_once: int = 4
+    # `seclake stream` runs its rules' application (a child process) this much nicer than itself
+    # (0-19, Linux niceness): on 2 cores the rules' fixed cost per micro-batch took CPU the ETL
+    # and the joins needed, and the rules sit at the end of the path anyway. Yielding, a rule
+    # takes in more commits per batch. `bench/alert_latency.py --quick`: landing -> silver p95
+    # 58.5 and 60.3 s at 10, 72.6 s at 0 (docs/performance.md).
+    rules_niceness: int = 10
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
     # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its
@@ -91,6 +97,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.state_partitions < 1:  # Spark's own refusal would come at a query's start, naming its conf
             raise ValueError(f"setting state_partitions={self.state_partitions}: must be 1 or more")
+        if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
+            raise ValueError(f"setting rules_niceness={self.rules_niceness}: must be 0 to 19")
 
     def with_overrides(self, overrides: Mapping[str, object]) -> "Settings":
         """A copy with `overrides` applied, strings converted to each setting's type (the CLI's
@@ -106,6 +114,10 @@ class Settings:
         Traceback (most recent call last):
         ...
         ValueError: setting state_partitions=0: must be 1 or more
+        >>> Settings().with_overrides({"rules_niceness": "20"})
+        Traceback (most recent call last):
+        ...
+        ValueError: setting rules_niceness=20: must be 0 to 19
         """
         kinds = {f.name: type(getattr(self, f.name)) for f in fields(self)}
         unknown = sorted(set(overrides) - set(kinds))

@@ -3,6 +3,7 @@ Spark application is counted in `rule_status`, backed off, disabled with a platf
 re-enabled by one command; the other rules' alerts are untouched."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -161,15 +162,17 @@ def test_a_run_once_death_among_several_rules_makes_suspects_probed_alone_and_a_
 
 def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(tmp_path, lake, monkeypatch):
     """The alert path first: `seclake stream` starts the rules' JVM after the table queries' first
-    trigger, and no later than RULES_START_MAX_WAIT_SECONDS. (The child here is a stand-in process:
-    what is checked is when the parent starts and stops it.)"""
+    trigger, and no later than RULES_START_MAX_WAIT_SECONDS, `rules_niceness` nicer than itself. (The
+    child here is a stand-in process: what is checked is when and how the parent starts and stops it.)"""
     monkeypatch.setattr(RulesApp, "command", lambda self: [sys.executable, "-c", "import time; time.sleep(120)"])
-    with RulesApp(lake, Settings(), 60.0) as app:
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    with RulesApp(lake, Settings().with_overrides({"rules_niceness": "7"}), 60.0) as app:
         entered = time.monotonic()
         app.check(None, entered + 1, lambda: False)
         assert app.proc is None, "started before the tables were up"
         app.check(None, entered + 2, lambda: True)
         assert app.proc is not None and app.proc.poll() is None
+        assert os.getpriority(os.PRIO_PROCESS, app.proc.pid) == min(ours + 7, 19)
         child = app.proc
         app.check(None, entered + 3, lambda: True)
         assert app.proc is child, "started twice"
@@ -179,6 +182,7 @@ def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(t
         assert app.proc is None
         app.check(None, time.monotonic() + RULES_START_MAX_WAIT_SECONDS + 1, lambda: False)
         assert app.proc is not None and app.proc.poll() is None, "tables never up: not started after the wait"
+        assert os.getpriority(os.PRIO_PROCESS, app.proc.pid) == min(ours + Settings().rules_niceness, 19)
 
 
 def test_the_stream_retries_a_failing_rule_then_disables_it_and_records_invalid_files(spark, tmp_path, lake):
