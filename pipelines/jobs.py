@@ -383,7 +383,7 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
                 log.error("the parent `seclake stream` is gone: stopping the rules")
                 break
             if rules_app is not None:
-                rules_app.check(spark, now, lambda: all(r.query.recentProgress for r in running))
+                rules_app.check(spark, now, lambda: tables_up(running))
             if rule_manager is not None:
                 for r in running:
                     watch_rule(r, now)  # batch budget; which rules are in a batch (charged if this app dies)
@@ -424,6 +424,17 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
         stop_between_batches(r.query)
         r.writer.close()
     return [report(r, started) for r in running]
+
+
+def tables_up(running: list[RunningQuery]) -> bool:
+    """Whether every active query of `running` has finished a trigger. A stage without a query
+    (`end_of_input` in a stream) or one that failed is not waited for: it never reports progress.
+
+    >>> from pipelines.query import StoppedQuery
+    >>> tables_up([RunningQuery("end_of_input", StoppedQuery("end_of_input"), None, ())])
+    True
+    """
+    return all(r.query.recentProgress for r in running if r.query.isActive)
 
 
 def _backoff(failures: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,10 +15,10 @@ from assets.resources import LakeResource, SparkResource
 from assets.rules import rule_enabled_check
 from pipelines.cli import main
 from pipelines.home import Home
-from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp
+from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp, tables_up
 from pipelines.lake.registry import Lake
-from pipelines.query import StoppedQuery
-from pipelines.rules.engine import DIED, RUNNING_MARKER, RuleManager, prepare_rules, stop_rule
+from pipelines.query import RunningQuery, StoppedQuery
+from pipelines.rules.engine import DIED, RUNNING_MARKER, IdleWriter, RuleManager, prepare_rules, stop_rule
 from pipelines.rules.health import DISABLED, FAILING, INVALID, OK
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import validate_rule
@@ -183,6 +184,27 @@ def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(t
         app.check(None, time.monotonic() + RULES_START_MAX_WAIT_SECONDS + 1, lambda: False)
         assert app.proc is not None and app.proc.poll() is None, "tables never up: not started after the wait"
         assert os.getpriority(os.PRIO_PROCESS, app.proc.pid) == min(ours + Settings().rules_niceness, 19)
+
+
+def test_the_tables_are_up_once_every_running_query_has_finished_a_trigger(spark, tmp_path):
+    """What the rules' application waits for: a stage without a query (the stream's end_of_input)
+    must not hold it back for the whole RULES_START_MAX_WAIT_SECONDS."""
+    release = threading.Event()
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 1).load().writeStream
+             .foreachBatch(lambda rows, batch_id: release.wait(60))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="1 second").start())
+    try:
+        running = [RunningQuery("end_of_input", StoppedQuery("end_of_input"), IdleWriter(None, ""), ()),
+                   RunningQuery("etl", query, IdleWriter(None, ""), ())]
+        assert not tables_up(running), "up before its first trigger ended"
+        release.set()
+        deadline = time.monotonic() + 60
+        while not query.recentProgress and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert tables_up(running)
+    finally:
+        release.set()
+        query.stop()
 
 
 def test_the_stream_retries_a_failing_rule_then_disables_it_and_records_invalid_files(spark, tmp_path, lake):
