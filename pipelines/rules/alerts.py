@@ -59,7 +59,9 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
         "event_date": F.to_date(F.col("window_start")),
         "suppressed_by": F.lit(None),  # set by pipelines.triage.suppressions.mark when written
     }
-    return rows.select(*[values[f.name].cast(f.dataType).alias(f.name) for f in ALERTS_SCHEMA.fields], *carry)
+    # Types by name: a DataType object costs Py4J round trips to convert, per column and query start.
+    return rows.select(*[values[f.name].cast(f.dataType.simpleString()).alias(f.name) for f in ALERTS_SCHEMA.fields],
+                       *carry)
 
 
 def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule_id: str) -> DataFrame:

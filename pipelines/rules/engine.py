@@ -2,9 +2,10 @@
 
 Per rule: a fresh child session (its own temp views, `spark.sql.runSQLOnFiles=false`), each
 table it reads registered as a temp view over `read_stream(...)` with the rule's watermark,
-`spark.sql(rule.sql)` as the streaming DataFrame, and a `foreachBatch` writer that turns its
-rows into alerts, drops the alert ids the table already holds and commits through DeltaSink
-(app_id per rule version and checkpoint, so a replayed batch commits nothing).
+`alert_frame(spark.sql(rule.sql))` as the streaming DataFrame (alerts-table rows, built once per
+query start rather than once per micro-batch), and a `foreachBatch` writer that drops the alert
+ids the table already holds and commits through DeltaSink (app_id per rule version and
+checkpoint, so a replayed batch commits nothing).
 
 A rule that cannot start (missing input table, analysis error) gives a `RunningQuery` whose
 query is a `StoppedQuery` carrying the error: the other rules start and run regardless.
@@ -142,6 +143,7 @@ class AlertWriter:
         self._spark: SparkSession | None = None
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
+        """Commit the new alerts among `rows` (alerts-table rows: the rule's stream is `alert_frame`d)."""
         self._spark = rows.sparkSession
         if not self.marker.exists():
             # Before the rule's SQL runs (its state and aggregates are computed in here): a rule
@@ -151,7 +153,7 @@ class AlertWriter:
         alerts = None
         result = None
         try:
-            alerts = alert_frame(rows, self.rule).dropDuplicates(["alert_id"]).persist()
+            alerts = rows.dropDuplicates(["alert_id"]).persist()
             total = new = alerts.count()
             # Most batches raise nothing new: no commit then (an empty append costs a Delta txn
             # look-up, and a replay of the batch finds the same alerts known or none).
@@ -398,8 +400,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                                 rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         for table in rule.lookups:
             lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
-        rows = session.sql(rule.sql)
-        alert_frame(rows, rule)  # fails now, not in the first batch, if a column is missing
+        rows = alert_frame(session.sql(rule.sql), rule)  # a missing column fails here, not in a batch
         writer = AlertWriter(lake, rule, app_id, status, settings, marker)
         # "crossed": each batch hands over the windows it changed; alert ids already written are
         # dropped by the writer, so a window's alert is written once, when first crossed.
