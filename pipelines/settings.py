@@ -68,8 +68,8 @@ class Settings:
     stages_at_once: int = 4
     # `seclake stream` runs its rules' application (a child process) this much nicer than itself
     # (0-19, Linux niceness): on 2 cores the rules' fixed cost per micro-batch took CPU the ETL
-    # and the joins needed, and the rules sit at the end of the path anyway. Yielding, a rule
-    # takes in more commits per batch. `bench/alert_latency.py --quick`: landing -> silver p95
+    # and the joins needed, and the rules sit at the end of the path anyway (a rule that waits
+    # takes the commits it missed in one batch). `bench/alert_latency.py --quick`: landing -> silver p95
     # 58.5 and 60.3 s at 10, 72.6 s at 0 (docs/performance.md).
     rules_niceness: int = 10
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
