@@ -21,6 +21,9 @@ p50/p95/max:
 
 - floor: probe file -> its row committed by the floor query (trigger wait + one minimal batch);
 - landing -> silver: a landing file -> the last silver table holding its rows committed;
+- landing -> enriched: per enriched row of a feed file, the file's landing -> the row's commit
+  (mostly the wait for attribution: a lease cut and `lease_watermark` of event time, shortened
+  `--speed` times);
 - per-event rules (a rule whose query has no count threshold, i.e. no `HAVING` and no
   `>= n` in its SQL: high_severity_ids_alert, unknown_device and the two threat-intel rules):
   from the landing of the event's line to the alert row's first commit. The event is the alert's `first_seen` as first
@@ -43,11 +46,13 @@ one scenario of each kind per hour. If no alert of a class is committed during t
 key is `nan` and the line before RESULT says why.
 
 RESULT keys (the last line): `per_event_p95_s`, `threshold_p95_s` as above; extra keys
-`silver_p95_s` (landing -> all of a file's silver rows committed) and `floor_p95_s`.
+`silver_p95_s` (landing -> all of a file's silver rows committed), `enriched_p95_s` (landing ->
+enriched row committed) and `floor_p95_s`.
 
     python bench/alert_latency.py --quick                  # 120 s of feed (24 event minutes), 20 s drain: ~5 min
     python bench/alert_latency.py                          # 300 s of feed (an event hour), 60 s drain: ~9 min
     python bench/alert_latency.py --hosts 40 --speed 4
+    python bench/alert_latency.py --quick --set lease_cut='10 minutes'   # the cut before 2026-11-28
 """
 from __future__ import annotations
 
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=60.0,
                         help="seconds to wait for the last files after the feed stops")
     parser.add_argument("--work", default=None)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                        help="another setting for the stream, e.g. --set lease_cut='10 minutes' (repeatable)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.drain = 120.0, 20.0
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stream_log = open(work / "stream.log", "wb")
     stream = subprocess.Popen([common.PYTHON, "-m", "pipelines.cli", "stream", "--home", str(home),
-                               "--set", f"trigger_interval={args.trigger}", "--report-every", "10"],
+                               "--set", f"trigger_interval={args.trigger}", "--report-every", "10",
+                               *(a for o in args.overrides for a in ("--set", o))],
                               cwd=common.REPO, stdout=stream_log, stderr=subprocess.STDOUT, start_new_session=True)
     spark = common.spark_session()
     floor_query = start_floor_query(spark, work / "floor-in", work / "floor", work / "floor-ck", args.trigger)
@@ -204,22 +212,29 @@ def main(argv: list[str] | None = None) -> int:
     probes: dict[str, float] = {}       # probe text -> mtime
     floor_seen: dict[str, float] = {}   # probe text -> commit mtime
     silver_seen: dict[str, dict[str, float]] = {}  # landing file -> {table: first commit mtime}
+    enriched_s: list[float] = []        # per enriched row of a feed file: landing -> its commit
     alerts: dict[str, dict] = {}        # alert_id -> row as first committed + commit mtime
     tails: dict[str, LogTail] = {}
     floor_tail = LogTail(work / "floor")
     silver_tables = list(common.SILVER_FEEDS)
+    enriched_tables = ["enriched_conn", "enriched_dns", "enriched_ids_alerts"]
 
     def poll_tables():
         tables_dir = home / "tables"
         if tables_dir.is_dir():
             for name in os.listdir(tables_dir):
-                if (name in silver_tables or name == "alerts") and name not in tails:
+                if (name in silver_tables or name in enriched_tables or name == "alerts") and name not in tails:
                     tails[name] = LogTail(tables_dir / name)
         for name, tail in tails.items():
             for mtime, added in tail.poll():
                 if name == "alerts":
                     for row in read_rows(added, ["alert_id", "rule_id", "src_ip", "first_seen", "last_seen"]):
                         alerts.setdefault(row["alert_id"], {**row, "commit": mtime})
+                elif name in enriched_tables:
+                    for row in read_rows(added, ["source_file"]):
+                        f = row["source_file"].rsplit("/", 1)[-1]
+                        if f in landed:
+                            enriched_s.append(mtime - landed[f])
                 else:
                     for row in read_rows(added, ["source_file"]):
                         f = row["source_file"].rsplit("/", 1)[-1]
@@ -242,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             print((work / "stream.log").read_text(errors="replace")[-3000:])
             print(f"seclake stream did not take in the warm-up within 600 s "
                   f"({len(warm_names & silver_seen.keys())} of {len(warm_names)} files in silver): nothing measured")
-            print("RESULT per_event_p95_s=nan threshold_p95_s=nan silver_p95_s=nan floor_p95_s=nan")
+            print("RESULT per_event_p95_s=nan threshold_p95_s=nan silver_p95_s=nan enriched_p95_s=nan floor_p95_s=nan")
             common.stop_gracefully(stream, timeout=60)
             return 1
         poll_tables()
@@ -285,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     # Where each silver event's line landed: {table: {event_time_us: [(src_ip, dst_ip, landing file)]}}.
     events: dict[str, dict[int, list[tuple]]] = {}
     for name, tail in tails.items():
-        if name == "alerts":
+        if name not in silver_tables:
             continue
         index = events.setdefault(name, {})
         for row in read_rows(tail.files, ["event_time", "src_ip", "dst_ip", "source_file"]):
@@ -323,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["floor: probe -> committed (text -> DeltaSink)", *stats(floor)],
             ["landing -> first silver table committed", *stats(silver_first)],
             ["landing -> all its silver rows committed", *stats(silver_all)],
+            ["landing -> enriched row committed (attributed or not)", *stats(enriched_s)],
             ["per-event rule: event's line landed -> alert committed", *stats(latency["per-event"])],
             ["threshold rule: crossing event landed -> alert committed", *stats(latency["threshold"])]]
     print()
@@ -344,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("enriched_conn", "enriched_dns", "enriched_ids_alerts")}
     path = common.save_results("alert_latency", {
         "args": vars(args), "files": len(landed), "alerts": len(alerts), "alerts_by_rule": by_rule,
-        "floor_s": floor, "silver_first_s": silver_first, "silver_all_s": silver_all,
+        "floor_s": floor, "silver_first_s": silver_first, "silver_all_s": silver_all, "enriched_s": enriched_s,
         "per_event_s": latency["per-event"], "threshold_s": latency["threshold"], "unmatched": unmatched,
         "enriched_rows": enriched, "never_in_silver": never, "wall_s": time.monotonic() - t0})
     print(f"\nraw results in {path}; stream log {work / 'stream.log'}; total {time.monotonic() - t0:.0f} s", flush=True)
@@ -354,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(+{args.drain:g} s drain). Enriched rows committed: {enriched}")
     print(f"RESULT per_event_p95_s={common.percentile(latency['per-event'], 95):.2f} "
           f"threshold_p95_s={common.percentile(latency['threshold'], 95):.2f} "
-          f"silver_p95_s={common.percentile(silver_all, 95):.2f} floor_p95_s={common.percentile(floor, 95):.2f}")
+          f"silver_p95_s={common.percentile(silver_all, 95):.2f} "
+          f"enriched_p95_s={common.percentile(enriched_s, 95):.2f} floor_p95_s={common.percentile(floor, 95):.2f}")
     return 0
 
 

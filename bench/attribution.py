@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--lease-piece", default=Settings().lease_piece)
+    parser.add_argument("--lease-cut", default=Settings().lease_cut)
     parser.add_argument("--home", help="keep the run here instead of a temporary folder")
     parser.add_argument("--quick", action="store_true", help="2 simulated hours of 20 hosts")
     args = parser.parse_args()
@@ -94,12 +95,12 @@ def main() -> None:
 
     spark = get_spark(ui=False)
     lake = Lake(home.create())
-    settings = Settings().with_overrides({"lease_piece": args.lease_piece})
+    settings = Settings().with_overrides({"lease_piece": args.lease_piece, "lease_cut": args.lease_cut})
     reports = [run(spark, lake, settings, "etl", etl.start)]
     reports.append(run(spark, lake, settings, "bench_conn_copy", stateless_copy))
     reports += [run(spark, lake, settings, s.name, s.start) for s in attribution.stages()]
 
-    print(f"\nlease_piece={settings.lease_piece}, event/lease watermark "
+    print(f"\nlease_piece={settings.lease_piece}, lease_cut={settings.lease_cut}, event/lease watermark "
           f"{settings.event_watermark}/{settings.lease_watermark}")
     print("(etl: rows in = files, rows/s = silver rows written per second)")
     print(f"{'query':<22}{'rows in':>10}{'rows out':>10}{'s':>8}{'rows/s':>9}{'state rows':>12}{'state KiB':>11}"

@@ -5,7 +5,8 @@ Four streaming queries, each with its own checkpoint (rules and edge cases: docs
 - `dhcp_leases` (`checkpoints/dhcp_leases`): silver_dhcp -> lease pieces. A stateful processor
   per IP buffers DHCP messages until the watermark passes them, replays them in event-time
   order and emits non-overlapping pieces [valid_from, valid_to), at most `lease_piece` long,
-  each final when emitted: a held lease comes out piece by piece while it is held.
+  each final when emitted: a held lease is cut every `lease_cut` and comes out piece by piece
+  while it is held.
 - `enriched_conn`, `enriched_dns`, `enriched_ids_alerts` (`checkpoints/enriched_<kind>`):
   silver_<kind> LEFT OUTER stream-stream join dhcp_leases on IP and event time, then a
   stream-static join with the device inventory `<home>/reference/devices.csv`. An event leaves
@@ -118,16 +119,19 @@ class IpLeases:
 
     `advance(messages, until)` applies messages (ts <= until) in event-time order and closes
     what expires up to `until`; it returns the segments that closed. Segments never overlap and
-    are at most `segment_ms` long (a held lease comes out in pieces), which bounds join state
-    and how long an event waits for its lease.
+    are at most `segment_ms` long, which bounds join state. A held lease is cut every `cut_ms`
+    (at most `segment_ms`; the default): it comes out in pieces while it is held, and an event
+    waits for the cut after it, not for its lease to end.
 
-    >>> book = IpLeases("10.0.0.5", segment_ms=3_600_000)
-    >>> [s.end_reason for s in book.advance([Message(0, "e1", "ack", "aa", lease_time=600.0)], until=10**7)]
-    ['expire']
+    >>> book = IpLeases("10.0.0.5", segment_ms=600_000, cut_ms=60_000)
+    >>> ack = Message(0, "e1", "ack", "aa", lease_time=150.0)
+    >>> [(s.valid_to, s.end_reason) for s in book.advance([ack], until=10**7)]
+    [(60000, 'split'), (120000, 'split'), (150000, 'expire')]
     """
 
     ip: str
     segment_ms: int
+    cut_ms: int | None = None
     default_lease_ms: int = int(DEFAULT_LEASE_SECONDS * 1000)
     open: OpenLease | None = None
     last_end: int | None = None
@@ -147,7 +151,7 @@ class IpLeases:
         """When the open lease next expires or is cut; None when nothing is open."""
         if self.open is None:
             return None
-        return min(self.open.expires, self.open.valid_from + self.segment_ms)
+        return min(self.open.expires, self.open.valid_from + min(self.cut_ms or self.segment_ms, self.segment_ms))
 
     def _close_due(self, now: int) -> None:
         while (held := self.open) is not None and (boundary := self.next_boundary()) is not None \
@@ -279,8 +283,9 @@ class LeaseProcessor(StatefulProcessor):
     The open lease has a timer at its next expiry or cut.
     """
 
-    def __init__(self, segment_ms: int) -> None:
+    def __init__(self, segment_ms: int, cut_ms: int) -> None:
         self.segment_ms = segment_ms
+        self.cut_ms = cut_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -320,7 +325,7 @@ class LeaseProcessor(StatefulProcessor):
         pass
 
     def _load(self, ip: str) -> IpLeases:
-        book = IpLeases(ip, self.segment_ms)
+        book = IpLeases(ip, self.segment_ms, self.cut_ms)
         state = self.held.get() if self.held.exists() else None
         if state is not None:
             mac, hostname, valid_from, expires, lease_time, start_reason, last_end = state
@@ -357,7 +362,7 @@ def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings) -> Dat
                 .unionByName(cuts)
                 .withWatermark("event_time", settings.lease_watermark))
     segments = messages.groupBy("ip").transformWithState(
-        LeaseProcessor(_millis(settings.lease_piece, "lease_piece")),
+        LeaseProcessor(_millis(settings.lease_piece, "lease_piece"), _millis(settings.lease_cut, "lease_cut")),
         _SEGMENT_OUTPUT, outputMode="Append", timeMode="EventTime")
     return segments.select(
         "ip", "mac", "hostname",

@@ -192,6 +192,36 @@ def test_backfill_default_lease_and_races_without_spark():
         book.advance([Message(500 * minute, "4", "ack", "z")], until=400 * minute)
 
 
+def test_a_finer_cut_changes_the_rows_not_the_holder_at_any_time():
+    # Random DHCP on three addresses (grants, renewals, reassignments, RELEASEs, INFORMs), advanced
+    # in random steps as watermarks do: with a 1-minute cut a lease comes out in more, shorter
+    # rows, ending earlier, and the holder of every address at every second is the same.
+    minute, rng = 60_000, random.Random(14)
+    kinds = ["ack", "ack", "ack", "release", "inform"]
+    messages = {ip: sorted((Message(rng.randrange(0, 300 * minute, 1000), f"{ip}-{i}", rng.choice(kinds),
+                                    rng.choice("abc"), lease_time=rng.choice([None, 300.0, 1800.0, 7200.0]),
+                                    renewal=rng.random() < 0.2) for i in range(40)), key=lambda m: m.ts)
+                for ip in ("10.9.0.1", "10.9.0.2", "10.9.0.3")}
+
+    def holders(cut_ms: int) -> tuple[dict, int]:
+        held, rows = {}, 0
+        for ip, msgs in messages.items():
+            book, done = IpLeases(ip, segment_ms=10 * minute, cut_ms=cut_ms), 0
+            for until in sorted(rng.sample(range(0, 400 * minute, 1000), 30)) + [400 * minute]:
+                due = [m for m in msgs[done:] if m.ts <= until]
+                done += len(due)
+                for seg in book.advance(due, until):
+                    assert seg.valid_to - seg.valid_from <= (10 * minute if seg.start_reason == "backfill" else cut_ms)
+                    rows += 1
+                    held.update({(ip, t): seg.mac for t in range(seg.valid_from // 1000, seg.valid_to // 1000)})
+        return held, rows
+
+    coarse, coarse_rows = holders(10 * minute)
+    fine, fine_rows = holders(minute)
+    assert fine == coarse and len(coarse) > 10_000
+    assert fine_rows > 3 * coarse_rows
+
+
 def test_device_inventory_and_bad_settings(spark, tmp_path, caplog):
     devices = tmp_path / "devices.csv"
     assert attribution.load_devices(spark, devices).count() == 0
