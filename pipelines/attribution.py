@@ -119,14 +119,18 @@ class IpLeases:
 
     `advance(messages, until)` applies messages (ts <= until) in event-time order and closes
     what expires up to `until`; it returns the segments that closed. Segments never overlap and
-    are at most `segment_ms` long, which bounds join state. A held lease is cut every `cut_ms`
-    (at most `segment_ms`; the default): it comes out in pieces while it is held, and an event
-    waits for the cut after it, not for its lease to end.
+    are at most `segment_ms` long, which bounds join state. A held lease is also cut at `until`
+    once `cut_ms` of it is not out yet: what is held up to the watermark comes out but for less
+    than one cut, so an event waits for the next cut, not for its lease to end. (A cut at the
+    watermark, not every `cut_ms`: a run-once that passes a day in one step makes one row per
+    `segment_ms`, as many as the enriched joins compare each event with.)
 
     >>> book = IpLeases("10.0.0.5", segment_ms=600_000, cut_ms=60_000)
-    >>> ack = Message(0, "e1", "ack", "aa", lease_time=150.0)
-    >>> [(s.valid_to, s.end_reason) for s in book.advance([ack], until=10**7)]
-    [(60000, 'split'), (120000, 'split'), (150000, 'expire')]
+    >>> ack = Message(0, "e1", "ack", "aa", lease_time=3600.0)
+    >>> [(s.valid_to, s.end_reason) for s in book.advance([ack], until=90_000)]
+    [(90000, 'split')]
+    >>> [(s.valid_to, s.end_reason) for s in book.advance([], until=1_290_000)]
+    [(690000, 'split'), (1290000, 'split')]
     """
 
     ip: str
@@ -145,13 +149,27 @@ class IpLeases:
             self._close_due(m.ts)
             self._apply(m)
         self._close_due(until)
+        if (held := self.open) is not None and until - held.valid_from >= self._cut_ms:
+            self._emit(held, until, "split")
+            self.open = replace(held, valid_from=until, start_reason="split")
         return self._out
 
     def next_boundary(self) -> int | None:
-        """When the open lease next expires or is cut; None when nothing is open."""
+        """When the open lease next expires or reaches `segment_ms`; None when nothing is open."""
         if self.open is None:
             return None
-        return min(self.open.expires, self.open.valid_from + min(self.cut_ms or self.segment_ms, self.segment_ms))
+        return min(self.open.expires, self.open.valid_from + self.segment_ms)
+
+    def next_cut(self) -> int | None:
+        """From when on an `advance` emits a row of the open lease (its next boundary, or `cut_ms`
+        after its start); None when nothing is open."""
+        if self.open is None:
+            return None
+        return min(self.open.expires, self.open.valid_from + self._cut_ms)
+
+    @property
+    def _cut_ms(self) -> int:
+        return min(self.cut_ms or self.segment_ms, self.segment_ms)
 
     def _close_due(self, now: int) -> None:
         while (held := self.open) is not None and (boundary := self.next_boundary()) is not None \
@@ -280,7 +298,7 @@ class LeaseProcessor(StatefulProcessor):
     Input rows are only buffered (a timer at each one's time); when the watermark passes a
     timer, every buffered message up to the watermark is replayed in event-time order through
     `IpLeases`, so DHCP lines that arrive out of order (within the watermark) count in order.
-    The open lease has a timer at its next expiry or cut.
+    The open lease has a timer at its next expiry or cut (`IpLeases.next_cut`).
     """
 
     def __init__(self, segment_ms: int, cut_ms: int) -> None:
@@ -305,7 +323,7 @@ class LeaseProcessor(StatefulProcessor):
         due = [m for m in pending if m.ts <= until]
         later = [m for m in pending if m.ts > until]
         book = self._load(key[0])
-        boundary_before = book.next_boundary()
+        boundary_before = book.next_cut()
         segments = book.advance(due, until)
         if due:
             if later:
@@ -314,7 +332,7 @@ class LeaseProcessor(StatefulProcessor):
             else:
                 self.pending.clear()
         self._save(book)
-        boundary = book.next_boundary()
+        boundary = book.next_cut()
         if boundary is not None and boundary != boundary_before:
             self.handle.registerTimer(boundary)
         for s in segments:
