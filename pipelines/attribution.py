@@ -5,8 +5,8 @@ Four streaming queries, each with its own checkpoint (rules and edge cases: docs
 - `dhcp_leases` (`checkpoints/dhcp_leases`): silver_dhcp -> lease pieces. A stateful processor
   per IP buffers DHCP messages until the watermark passes them, replays them in event-time
   order and emits non-overlapping pieces [valid_from, valid_to), at most `lease_piece` long,
-  each final when emitted: a held lease is cut every `lease_cut` and comes out piece by piece
-  while it is held.
+  each final when emitted: a held lease is also cut at the watermark once `lease_cut` of it is
+  not out, so it comes out piece by piece while it is held.
 - `enriched_conn`, `enriched_dns`, `enriched_ids_alerts` (`checkpoints/enriched_<kind>`):
   silver_<kind> LEFT OUTER stream-stream join dhcp_leases on IP and event time, then a
   stream-static join with the device inventory `<home>/reference/devices.csv`. An event leaves
@@ -150,8 +150,7 @@ class IpLeases:
             self._apply(m)
         self._close_due(until)
         if (held := self.open) is not None and until - held.valid_from >= self._cut_ms:
-            self._emit(held, until, "split")
-            self.open = replace(held, valid_from=until, start_reason="split")
+            self._split(held, until)
         return self._out
 
     def next_boundary(self) -> int | None:
@@ -177,16 +176,14 @@ class IpLeases:
             if boundary == held.expires:
                 self._close(boundary, "expire")
             else:
-                self._emit(held, boundary, "split")
-                self.open = replace(held, valid_from=boundary, start_reason="split")
+                self._split(held, boundary)
 
     def _apply(self, m: Message) -> None:
         held = self.open
         if m.kind == "mark":
             # End of input: what is held so far comes out now; the lease stays held.
             if held is not None and held.valid_from < m.ts:
-                self._emit(held, m.ts, "split")
-                self.open = replace(held, valid_from=m.ts, start_reason="split")
+                self._split(held, m.ts)
             return
         if m.kind == "inform" and held is not None and held.mac == m.mac:
             return  # the holder asking for options: its lease, not a default-length binding, goes on
@@ -220,6 +217,11 @@ class IpLeases:
         if m.kind == "inform":
             start = "inform"
         self.open = OpenLease(m.mac, hostname, m.ts, m.ts + lease_ms, m.lease_time, start)
+
+    def _split(self, held: OpenLease, at: int) -> None:
+        """Emit the open lease `held` up to `at`; it stays held from there."""
+        self._emit(held, at, "split")
+        self.open = replace(held, valid_from=at, start_reason="split")
 
     def _close(self, at: int, reason: str) -> None:
         if self.open is not None:
