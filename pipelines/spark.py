@@ -30,6 +30,10 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.shuffle.partitions": "4",
+    # Spark keeps 100 compiled plans by default; one ETL batch alone compiles ~50 and the attribution
+    # and rule queries as many again, so every batch compiled its plans anew with Janino and the JVM
+    # JIT-compiled the new classes from scratch (performance.md, "The code-generation cache").
+    "spark.sql.codegen.cache.maxEntries": "2000",
     "spark.default.parallelism": "4",
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -66,7 +70,12 @@ BASE_CONF: dict[str, str] = {
 # java.lang.OutOfMemoryError: Java heap space"), where Spark's own exit after an OutOfMemoryError
 # printed its stream threads' stack traces and not the error. Run-once and the stream resume from
 # the last commit; the rule that was running is charged (docs/rules.md).
-JVM_OPTIONS = "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError"
+# And C2, the JIT's optimising compiler, only for code ten times hotter than its defaults ask:
+# Spark generates new classes for every plan it runs, and with the default thresholds C2 took
+# 147 of the demo's 376 JVM CPU seconds on 2 cores, compiling code that ran a few batches; the
+# first tier still compiles everything that runs (performance.md, "The JIT's share").
+JVM_OPTIONS = ("-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError -XX:Tier4InvocationThreshold=50000 "
+               "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
 
 # The driver JVM's class-data archive (CDS): the classes of Spark's class path that a run-once
 # loaded, parsed and verified once, mapped at start instead of read from the jars
@@ -156,7 +165,7 @@ def driver_java_options(log_level: str, record_archive: bool = False) -> str:
 
     >>> driver_java_options("FATAL").split()[2:4]
     ['-XX:+UseParallelGC', '-XX:+ExitOnOutOfMemoryError']
-    >>> driver_java_options("FATAL", record_archive=True).split()[4].endswith("seclake-classes.jsa.tmp")
+    >>> driver_java_options("FATAL", record_archive=True).split()[-3].endswith("seclake-classes.jsa.tmp")
     True
     """
     options = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -Dseclake.log.level={log_level} {JVM_OPTIONS}"
