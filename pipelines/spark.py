@@ -75,7 +75,8 @@ BASE_CONF: dict[str, str] = {
 # 147 of the demo's 376 JVM CPU seconds on 2 cores, compiling code that ran a few batches; the
 # first tier still compiles everything that runs (performance.md, "The JIT's share").
 JVM_OPTIONS = ("-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError -XX:Tier4InvocationThreshold=50000 "
-               "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
+               "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 "
+               "-XX:Tier4BackEdgeThreshold=400000")
 
 # The driver JVM's class-data archive (CDS): the classes of Spark's class path that a run-once
 # loaded, parsed and verified once, mapped at start instead of read from the jars
