@@ -32,7 +32,7 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     # Spark keeps 100 compiled plans by default; one ETL batch alone compiles ~50 and the attribution
     # and rule queries as many again, so every batch compiled its plans anew with Janino and the JVM
-    # JIT-compiled the new classes from scratch (performance.md, "The code-generation cache").
+    # JIT-compiled the new classes from scratch (performance.md, "The JIT and the code-generation cache").
     "spark.sql.codegen.cache.maxEntries": "2000",
     "spark.default.parallelism": "4",
     "spark.sql.streaming.stateStore.providerClass":
@@ -73,7 +73,7 @@ BASE_CONF: dict[str, str] = {
 # And C2, the JIT's optimising compiler, only for code ten times hotter than its defaults ask:
 # Spark generates new classes for every plan it runs, and with the default thresholds C2 took
 # 147 of the demo's 376 JVM CPU seconds on 2 cores, compiling code that ran a few batches; the
-# first tier still compiles everything that runs (performance.md, "The JIT's share").
+# first tier still compiles everything that runs (performance.md, "The JIT and the code-generation cache").
 JVM_OPTIONS = ("-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError -XX:Tier4InvocationThreshold=50000 "
                "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 "
                "-XX:Tier4BackEdgeThreshold=400000")
