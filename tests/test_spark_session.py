@@ -12,8 +12,8 @@ def _compiles(spark) -> int:
 
 
 def test_a_plan_run_again_after_many_others_is_not_compiled_again(spark):
-    # Spark's default cache holds 100 compiled plans: one ETL batch compiles ~50, so a stream's
-    # next batch compiled its plans anew. Each query below inlines its own literal: its own class.
+    # Spark's default cache holds 100 compiled plans: the ETL over 4 files compiles 44-46, and other
+    # queries in between evicted them. Each query below inlines its own literal: its own class.
     first = spark.range(3).select((F.col("id") * 7919 + 1).alias("x"))
     assert first.collect()
     for i in range(120):
