@@ -8,14 +8,18 @@ Three measurements in one SparkSession, sides interleaved (ABC, BCA, ...), media
      event_date, plus the look-up of its own commit (what the pipeline's sinks do);
    - `writeStream.format("parquet")`: Spark's file sink, same partitioning (the baseline).
 2. **Stream read.** The Delta table the sink wrote, read to Spark's `noop` sink with
-   - `read_stream` (delta-spark's streaming source, AvailableNow);
+   - `read_stream` (delta-spark's streaming source, AvailableNow; a fresh checkpoint on this
+     young append-only table reads its commits from version 0: `pipelines.lake.source.replayable`);
+   - delta-spark's source as it starts by default, from the table's snapshot (what `read_stream`
+     does on a table with a long log or removed rows);
    - `readStream.parquet` over the table's data folder (the baseline: same files, no Delta).
 3. **Commit latency vs table version.** Small appends through `DeltaSink`, timed at version
    ~10 and ~N (default 1,000) of tables with log checkpoints every 100 commits.
 
 RESULT keys: `stream_read_ratio` and `sink_ratio` are our throughput divided by the baseline's
 (higher is better); `commit_v1000_over_v10` is the median commit latency at version ~N divided
-by that at version ~10 (lower is better).
+by that at version ~10 (lower is better); `stream_read_ratio_snapshot` is the stream read ratio
+of the snapshot start.
 
     python bench/table_layer.py --quick       # a few minutes on 2 cores
     python bench/table_layer.py               # 200k rows, 3 reps, 1,000 commits
@@ -84,6 +88,15 @@ def read_stream_noop(spark, table: Path, checkpoint: Path) -> float:
     _clear(checkpoint)
     t = time.perf_counter()
     (read_stream(spark, table).writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+     .trigger(availableNow=True).start().awaitTermination())
+    return time.perf_counter() - t
+
+
+def read_snapshot_stream_noop(spark, table: Path, checkpoint: Path) -> float:
+    _clear(checkpoint)
+    t = time.perf_counter()
+    (spark.readStream.format("delta").load(str(table))
+     .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
      .trigger(availableNow=True).start().awaitTermination())
     return time.perf_counter() - t
 
@@ -162,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     stream_delta_sink(spark, work / "input", schema, work / "delta")
     stream_file_sink(spark, work / "input", schema, work / "pq")
     read_stream_noop(spark, work / "delta", work / "rs-ck")
+    read_snapshot_stream_noop(spark, work / "delta", work / "ss-ck")
     read_parquet_stream_noop(spark, work / "pq", schema, work / "rp-ck")
 
     print("measuring sinks", flush=True)
@@ -172,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     print("measuring stream reads", flush=True)
     read_s = common.interleaved(args.reps, {
         "read_stream (delta-spark)": lambda rep: read_stream_noop(spark, work / "delta", work / "rs-ck"),
+        "delta-spark, snapshot start": lambda rep: read_snapshot_stream_noop(spark, work / "delta", work / "ss-ck"),
         "readStream.parquet": lambda rep: read_parquet_stream_noop(spark, work / "pq", schema, work / "rp-ck"),
     })
     print("measuring commit latency", flush=True)
@@ -190,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
                        title=f"\n3. one small append through DeltaSink, median of {args.samples}")
     sink_ratio = med_sink["file sink parquet"] / med_sink["DeltaSink (delta-spark)"]
     read_ratio = med_read["readStream.parquet"] / med_read["read_stream (delta-spark)"]
+    snapshot_ratio = med_read["readStream.parquet"] / med_read["delta-spark, snapshot start"]
     commit_ratio = med_commit[f"v{args.commits}"] / med_commit["v10"]
-    results.update(sink_ratio=sink_ratio, stream_read_ratio=read_ratio, commit_ratio=commit_ratio)
+    results.update(sink_ratio=sink_ratio, stream_read_ratio=read_ratio, stream_read_ratio_snapshot=snapshot_ratio,
+                   commit_ratio=commit_ratio)
     path = common.save_results("table_layer", {**results, "wall_s": time.monotonic() - t0})
     print(f"\nraw results in {path}; total {time.monotonic() - t0:.0f} s", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     print(f"RESULT stream_read_ratio={read_ratio:.2f} sink_ratio={sink_ratio:.2f} "
-          f"commit_v{args.commits}_over_v10={commit_ratio:.2f}")
+          f"commit_v{args.commits}_over_v10={commit_ratio:.2f} stream_read_ratio_snapshot={snapshot_ratio:.2f}")
     return 0
 
 

@@ -13,7 +13,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.lake.source import OldCheckpointError, caught_up, check_resumable, read_stream
+from pipelines.lake import source
+from pipelines.lake.maintenance import vacuum
+from pipelines.lake.source import OldCheckpointError, caught_up, check_resumable, read_stream, replayable
 
 UTC = dt.timezone.utc
 EVENTS = "id BIGINT, ts TIMESTAMP, host STRING, event_date DATE"
@@ -226,6 +228,54 @@ def test_a_commit_that_removes_data_fails_the_stream(spark, tmp_path):
 
     with pytest.raises(StreamingQueryException, match="DELTA_SOURCE_TABLE_IGNORE_CHANGES"):
         run_available_now(spark, table, checkpoint)
+
+
+def test_a_young_append_only_table_is_read_from_its_commits_with_the_same_rows(spark, tmp_path):
+    table, checkpoint = tmp_path / "t", tmp_path / "ck"
+    for day in (1, 2, 3):
+        append(table, events(spark, day * 10, 2, day))
+
+    batches, progress = run_available_now(spark, table, checkpoint, max_files=1)
+
+    assert replayable(table)
+    first = json.loads((checkpoint / "offsets" / "0").read_text().splitlines()[-1])
+    # Delta's offset inside its snapshot start would be (version 2, isStartingVersion true).
+    assert (first["reservoirVersion"], first["isStartingVersion"]) == (1, False)
+    assert [n for n in progress if n] == [2, 2, 2]
+    assert sorted(ids(batches)) == [10, 11, 20, 21, 30, 31]
+
+
+def test_a_table_whose_rows_were_removed_is_read_from_its_snapshot(spark, tmp_path):
+    from delta.tables import DeltaTable
+
+    restored, overwritten, compacted = tmp_path / "restored", tmp_path / "overwritten", tmp_path / "compacted"
+    long_log = tmp_path / "long"
+    append(restored, events(spark, 0, 2, 1))
+    append(restored, events(spark, 2, 2, 2))
+    DeltaTable.forPath(spark, str(restored)).restoreToVersion(0)
+    append(overwritten, events(spark, 0, 2, 1))
+    events(spark, 5, 1, 1).write.format("delta").mode("overwrite").partitionBy("event_date").save(str(overwritten))
+    append(compacted, events(spark, 0, 1, 1))
+    append(compacted, events(spark, 1, 1, 1))
+    DeltaTable.forPath(spark, str(compacted)).optimize().executeCompaction()
+    vacuum(spark, compacted, retention_hours=0)  # the two files a replay would read are gone
+    for day in (1, 2, 3):
+        append(long_log, events(spark, day * 10, 1, day))
+
+    got = {}
+    for table in (restored, overwritten, compacted):
+        batches, _ = run_available_now(spark, table, tmp_path / f"ck-{table.name}")
+        got[table.name] = sorted(ids(batches))
+        assert not replayable(table)
+
+    assert got == {"restored": [0, 1], "overwritten": [5], "compacted": [0, 1]}  # a replay would fail or add rows
+    assert replayable(long_log)
+    source.REPLAY_MAX_COMMITS, limit = 2, source.REPLAY_MAX_COMMITS
+    try:
+        assert not replayable(long_log)  # a long log: the snapshot, from Delta's log checkpoint
+    finally:
+        source.REPLAY_MAX_COMMITS = limit
+    assert not replayable(tmp_path / "nope")
 
 
 def test_missing_table_and_bad_options_are_value_errors(spark, tmp_path):
