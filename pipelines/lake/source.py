@@ -22,7 +22,7 @@ from pipelines.lake.sink import table_uri
 
 # Delta starts a new stream from the table's snapshot with Spark jobs that list and sort all its
 # files: 1.0-1.1 s of a 1.3-1.5 s stream read of 60k rows in 6 commits, where reading the commits
-# from version 0 took 0.06-0.25 s (performance.md, "Stream read: the first start"). So a young log
+# from version 0 took 0.05-0.27 s (performance.md, "Stream read: the first start"). So a young log
 # is replayed; past one log checkpoint interval the snapshot is kept.
 REPLAY_MAX_COMMITS = 100
 # Actions a commit may hold for a replay from version 0 to give the current rows exactly. No
