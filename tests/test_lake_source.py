@@ -245,7 +245,7 @@ def test_a_young_append_only_table_is_read_from_its_commits_with_the_same_rows(s
     assert sorted(ids(batches)) == [10, 11, 20, 21, 30, 31]
 
 
-def test_a_table_whose_rows_were_removed_is_read_from_its_snapshot(spark, tmp_path):
+def test_a_table_whose_rows_were_removed_is_read_from_its_snapshot(spark, tmp_path, monkeypatch):
     from delta.tables import DeltaTable
 
     restored, overwritten, compacted = tmp_path / "restored", tmp_path / "overwritten", tmp_path / "compacted"
@@ -270,11 +270,8 @@ def test_a_table_whose_rows_were_removed_is_read_from_its_snapshot(spark, tmp_pa
 
     assert got == {"restored": [0, 1], "overwritten": [5], "compacted": [0, 1]}  # a replay would fail or add rows
     assert replayable(long_log)
-    source.REPLAY_MAX_COMMITS, limit = 2, source.REPLAY_MAX_COMMITS
-    try:
-        assert not replayable(long_log)  # a long log: the snapshot, from Delta's log checkpoint
-    finally:
-        source.REPLAY_MAX_COMMITS = limit
+    monkeypatch.setattr(source, "REPLAY_MAX_COMMITS", 2)
+    assert not replayable(long_log)  # a long log: the snapshot, from Delta's log checkpoint
     assert not replayable(tmp_path / "nope")
 
 
