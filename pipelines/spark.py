@@ -63,6 +63,19 @@ BASE_CONF: dict[str, str] = {
 }
 
 
+# Hadoop's local file system without its native library (pip's pyspark ships none) forks `chmod`
+# for every file it creates and `readlink` for both sides of every rename: each data file and its
+# .crc, each Delta commit, each streaming checkpoint file. `jvm/localfs` does the same through
+# java.nio (a Delta append's commit 107-153 ms -> 48-57 ms; performance.md, "Hadoop's forks").
+# On the JVMs' class path, not `spark.jars`: Hadoop loads file systems before Spark adds those.
+LOCAL_FS_JAR = JARS_DIR / "localfs" / "seclake-localfs.jar"
+LOCAL_FS_CONF = {
+    "spark.hadoop.fs.file.impl": "seclake.localfs.NioLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "seclake.localfs.NioLocalFs",
+}
+CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
+
+
 # The throughput collector, not Java 17's default G1: seclake's JVM runs batch work on 2 cores,
 # where G1's concurrent marking and write barriers cost time that short pauses do not earn back
 # (`seclake run-once --only etl` on a day of the demo: 43.5 and 41.9 s -> 37.7 and 35.5 s). And a
@@ -120,12 +133,37 @@ def delta_jars() -> list[Path]:
     return jars
 
 
+def local_fs_conf() -> dict[str, str]:
+    """The settings that put seclake's local file system in every JVM; a RuntimeError saying what to
+    run when `.ci/setup` has not built it.
+
+    >>> local_fs_conf()["spark.hadoop.fs.file.impl"]
+    'seclake.localfs.NioLocalFileSystem'
+    """
+    if not LOCAL_FS_JAR.is_file():
+        raise RuntimeError(f"seclake's local file system jar {LOCAL_FS_JAR} is missing; run `bash .ci/setup` once "
+                           "(it compiles jvm/localfs)")
+    return {**LOCAL_FS_CONF, **{key: str(LOCAL_FS_JAR) for key in CLASS_PATHS}}
+
+
+def merged(settings: dict[str, str], more: dict[str, str]) -> dict[str, str]:
+    """`settings` updated with `more`, class paths joined instead of replaced.
+
+    >>> merged({"spark.driver.extraClassPath": "/a", "x": "1"}, {"spark.driver.extraClassPath": "/b", "x": "2"})
+    {'spark.driver.extraClassPath': '/a:/b', 'x': '2'}
+    """
+    out = dict(settings)
+    for key, value in more.items():
+        out[key] = f"{out[key]}:{value}" if key in CLASS_PATHS and out.get(key) else value
+    return out
+
+
 def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = True,
               conf: dict[str, str] | None = None) -> SparkSession:
     """Build (or return the active) SparkSession with seclake's settings.
 
     `master` defaults to `$SECLAKE_SPARK_MASTER`, else `local[*]`; `conf` overrides any setting,
-    e.g. `{"spark.master": "spark://host:7077"}`.
+    e.g. `{"spark.master": "spark://host:7077"}`, and adds to the class paths.
 
     >>> spark = get_spark(ui=False)
     >>> spark.conf.get("spark.sql.parquet.outputTimestampType")
@@ -147,8 +185,8 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     settings["spark.driver.extraJavaOptions"] = driver_java_options(log_level)
     settings["spark.executor.extraJavaOptions"] = JVM_OPTIONS
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
-    settings.update(objectstore.spark_conf())
-    settings.update(conf or {})
+    for more in (local_fs_conf(), objectstore.spark_conf(), conf or {}):
+        settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     _start_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)

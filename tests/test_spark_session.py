@@ -1,6 +1,8 @@
-"""The Spark session seclake builds (pipelines/spark.py): plans compiled once per JVM, the JIT's thresholds."""
+"""The Spark session seclake builds (pipelines/spark.py): plans compiled once per JVM, the JIT's thresholds,
+the local file system without forks."""
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import functions as F
 
 from pipelines.spark import JVM_OPTIONS
@@ -30,3 +32,54 @@ def test_the_session_jvm_runs_with_the_jit_thresholds_seclake_sets(spark):
     wanted = dict(o.removeprefix("-XX:").split("=") for o in JVM_OPTIONS.split() if o.startswith("-XX:Tier4"))
     assert wanted, JVM_OPTIONS
     assert {name: bean.getVMOption(name).getValue() for name in wanted} == wanted
+
+
+def _local_fs(spark):
+    jvm = spark.sparkContext._jvm
+    return jvm, jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def test_local_files_go_through_seclakes_file_system_in_both_hadoop_apis(spark):
+    jvm, local = _local_fs(spark)
+    context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(spark.sparkContext._jsc.hadoopConfiguration())
+    assert local.getClass().getName() == "seclake.localfs.NioLocalFileSystem"
+    assert local.getRawFileSystem().getClass().getName() == "seclake.localfs.NioRawLocalFileSystem"
+    assert context.getDefaultFileSystem().getClass().getName() == "seclake.localfs.NioLocalFs"
+
+
+def test_a_file_created_with_a_permission_has_that_mode(spark, tmp_path):
+    jvm, local = _local_fs(spark)
+    path = jvm.org.apache.hadoop.fs.Path(str(tmp_path / "part-0.parquet"))
+    mode = jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o640)
+    local.create(path, mode, False, 4096, 1, 1 << 20, None).close()
+    assert (tmp_path / "part-0.parquet").stat().st_mode & 0o7777 == 0o640
+    local.setPermission(path, jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o604))
+    assert (tmp_path / "part-0.parquet").stat().st_mode & 0o7777 == 0o604
+    # A mode java.nio cannot set (the sticky bit) still goes through Hadoop's own chmod.
+    folder = jvm.org.apache.hadoop.fs.Path(str(tmp_path))
+    local.setPermission(folder, jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o1777))
+    assert tmp_path.stat().st_mode & 0o7777 == 0o1777
+
+
+def test_link_status_names_links_files_and_missing_paths_as_hadoop_does(spark, tmp_path):
+    jvm, local = _local_fs(spark)
+    (tmp_path / "commit.json").write_text("{}\n")
+    (tmp_path / "link").symlink_to(tmp_path / "commit.json")
+    status = local.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(str(tmp_path / "commit.json")))
+    assert (status.isFile(), status.isSymlink(), status.getLen()) == (True, False, 3)
+    link = local.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(str(tmp_path / "link")))
+    assert link.isSymlink() and link.getSymlink().toUri().getPath() == str(tmp_path / "commit.json")
+    with pytest.raises(Exception, match="FileNotFoundException"):
+        local.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(str(tmp_path / "missing")))
+
+
+def test_a_rename_through_file_context_replaces_its_target_as_checkpoints_need(spark, tmp_path):
+    jvm = spark.sparkContext._jvm
+    context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(spark.sparkContext._jsc.hadoopConfiguration())
+    (tmp_path / "tmp-1").write_text("new")
+    (tmp_path / "1").write_text("old")
+    options = spark.sparkContext._gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+    options[0] = jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
+    path = jvm.org.apache.hadoop.fs.Path
+    context.rename(path(str(tmp_path / "tmp-1")), path(str(tmp_path / "1")), options)
+    assert (tmp_path / "1").read_text() == "new" and not (tmp_path / "tmp-1").exists()

@@ -69,6 +69,21 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
             for c in open_log(path).history(limit)]
 
 
+def commit_versions(log: Path) -> list[int]:
+    """The versions of the commit files (`<20 digits>.json`) in a local `_delta_log` folder, ascending;
+    OSError when the folder cannot be listed. Log checkpoints, checksums and compacted logs are not commits.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spark.range(3).write.format("delta").save(tmp)
+    ...     spark.range(3).write.format("delta").mode("append").save(tmp)
+    ...     commit_versions(Path(tmp) / "_delta_log")
+    [0, 1]
+    """
+    return sorted(int(name[:20]) for name in os.listdir(log)
+                  if len(name) == 25 and name.endswith(".json") and name[:20].isdigit())
+
+
 def open_log(path: str | os.PathLike) -> Any:
     """delta-rs's view of the table at `path`, local or on object storage (`s3a://`)."""
     from deltalake import DeltaTable

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipelines.lake.jvm import gateway, scala_object, scala_seq
+from pipelines.lake.log import commit_versions
 from pipelines.lake.schema import SchemaMismatchError, as_nullable
 
 DEFAULT_CHECKPOINT_INTERVAL = 100
@@ -182,8 +183,7 @@ def _find_commit(spark: SparkSession, uri: str, tag: str) -> tuple[int, int] | N
             return None
         return found[0].version, int((found[0].operationMetrics or {}).get("numOutputRows", 0))
     log = Path(uri.removeprefix("file:")) / "_delta_log"
-    names = (name for name in os.listdir(log) if name.endswith(".json") and name[:20].isdigit())
-    for version in sorted((int(name[:20]) for name in names), reverse=True)[:_HISTORY_PROBE]:
+    for version in commit_versions(log)[::-1][:_HISTORY_PROBE]:
         try:
             lines = (log / f"{version:020d}.json").read_text().splitlines()
         except FileNotFoundError:  # removed by log cleanup meanwhile

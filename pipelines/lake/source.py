@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.checkpoint import newest, next_watermark_ms, read_batch
-from pipelines.lake.log import open_log
+from pipelines.lake.log import commit_versions, open_log
 from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
 
@@ -96,8 +96,7 @@ def replayable(path: str | os.PathLike) -> bool:
         return False
     log = Path(text.removeprefix("file:")) / "_delta_log"
     try:
-        versions = sorted(int(name[:20]) for name in os.listdir(log) if len(name) == 25 and name.endswith(".json")
-                          and name[:20].isdigit())
+        versions = commit_versions(log)
     except OSError:
         return False
     if not versions or len(versions) > REPLAY_MAX_COMMITS or versions != list(range(len(versions))):
