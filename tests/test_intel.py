@@ -108,8 +108,10 @@ def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path
     # The sweep only looks back sweep_days (whole days: from midnight UTC); then the full range finds it.
     old = tmp_path / "old.txt"
     old.write_text("198.51.100.1\n")
-    assert load(spark, lake, old, sweep_days=2).alerts == 0
-    assert load(spark, lake, old, sweep_days=3).alerts == 1
+    # Days back from today as the sweep counts them: a suite that crosses midnight moves it by one.
+    days_back = (datetime.now(timezone.utc).date() - EVENT.date()).days
+    assert load(spark, lake, old, sweep_days=days_back - 1).alerts == 0
+    assert load(spark, lake, old, sweep_days=days_back).alerts == 1
 
 
 def test_an_expired_indicator_matches_nothing(spark, lake, tmp_path):
