@@ -112,6 +112,20 @@ def test_replayed_batch_commits_nothing(spark, tmp_path):
     assert read_table(spark, table).count() == 30
 
 
+@pytest.mark.parametrize("partition_by", [["event_date"], []], ids=["partitioned", "unpartitioned"])
+def test_a_batch_of_no_row_commits_nothing_and_later_batches_land(spark, tmp_path, partition_by):
+    # An empty commit would wake every query reading the table for a micro-batch of nothing.
+    table = tmp_path / "t"
+    sink = DeltaSink(table, app_id="q", partition_by=partition_by)
+    assert sink.write_batch(_frame(spark, 3), 0).version == 0
+    empty = sink.write_batch(spark.createDataFrame([], ALL_TYPES), 1)
+    assert (empty.version, empty.rows, empty.skipped) == (None, 0, False)
+    assert _latest_version(spark, table) == 0
+    assert sink.write_batch(_frame(spark, 2, 3), 2).version == 1
+    assert sink.write_batch(_frame(spark, 2, 3), 1).skipped  # an id below the last committed one stays refused
+    assert read_table(spark, table).count() == 5
+
+
 def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):
     table = tmp_path / "t"
     first, second = _sink(table), _sink(table)

@@ -3,7 +3,8 @@
 Delta's idempotent writes do the bookkeeping: each append commits a `txn` action (app id, batch
 id) with its files, and an append whose app id already committed that batch id commits nothing.
 So a batch replayed after a crash, or written twice by two writers that share an app id, lands
-once. Several tables written from one `foreachBatch` each keep their own txn, so every table is
+once. A batch that writes no row commits nothing: its plan still runs (a stateful query's state
+stores commit with it), and a replay writes no row again. Several tables written from one `foreachBatch` each keep their own txn, so every table is
 exactly-once on its own. The append runs Delta's own transaction (`writeFiles`, `commit`); only
 the look-up of the app id's last batch reads the commit's checksum file instead of rebuilding
 the table's state (`_committed_batch`).
@@ -35,7 +36,8 @@ _HISTORY_PROBE = 20
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What one `write_batch` call did; `version` is None when the batch was already committed."""
+    """What one `write_batch` call did; `version` is None when the batch was already committed
+    or wrote no row (then nothing was committed)."""
 
     table: str
     batch_id: int
@@ -74,7 +76,8 @@ class DeltaSink:
         self.write_batch(df, batch_id)
 
     def write_batch(self, df: DataFrame, batch_id: int) -> CommitResult:
-        """Append `df` as batch `batch_id`; a batch id already committed for this app_id is skipped."""
+        """Append `df` as batch `batch_id`; a batch id already committed for this app_id is skipped,
+    and a batch of no row is run but not committed."""
         spark = df.sparkSession
         # The commit's userMetadata, unique to this attempt: Delta's writer finds its commit in the
         # history by it (`_find_commit`; a replay has another tag).
@@ -141,8 +144,9 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
 
 
 def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int, tag: str,
-            partition_by: list[str]) -> tuple[int, int]:
-    """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows).
+            partition_by: list[str]) -> tuple[int | None, int]:
+    """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows), or
+    (None, 0) when `df` had no row and nothing was committed.
 
     What Delta's DataFrame writer does for an append to a table of the same schema, the
     transaction active while `df` runs as it is there (Delta registers a read of the table inside
@@ -157,6 +161,10 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
         actions = list(jvm.scala.jdk.javaapi.CollectionConverters.asJava(txn.writeFiles(df._jdf)))
     finally:
         active.clearActive()
+    if not actions:
+        # An empty commit would wake every streaming query reading the table for a micro-batch of
+        # nothing (a rule woken by each empty enriched commit cost ~1 CPU s a time).
+        return None, 0
     now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
     actions.append(delta.actions.SetTransaction(app_id, batch_id, now))
     none = jvm.scala.Option.empty()
