@@ -73,9 +73,11 @@ class Settings:
     # `seclake stream` runs its rules' application (a child process) this much nicer than itself
     # (0-19, Linux niceness): on 2 cores the rules' fixed cost per micro-batch took CPU the ETL
     # and the joins needed, and the rules sit at the end of the path anyway (a rule that waits
-    # takes the commits it missed in one batch). `bench/alert_latency.py --quick`: landing -> silver p95
-    # 58.5 and 60.3 s at 10, 72.6 s at 0 (docs/performance.md).
-    rules_niceness: int = 10
+    # takes the commits it missed in one batch). But nicer still starves the alerts themselves:
+    # `bench/alert_latency.py --quick` (2026-11-29): at 10 no alert within the run (3 runs, landing ->
+    # silver p95 27.7-32.5 s); at 5 the per-event alert in 103.7 s (p95 35.6 s); at 0 in 89.6 and
+    # 92.2 s (p95 43.0, 44.6 s) (docs/performance.md).
+    rules_niceness: int = 5
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
     # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its
