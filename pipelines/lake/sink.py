@@ -4,10 +4,11 @@ Delta's idempotent writes do the bookkeeping: each append commits a `txn` action
 id) with its files, and an append whose app id already committed that batch id commits nothing.
 So a batch replayed after a crash, or written twice by two writers that share an app id, lands
 once. A batch that writes no row commits nothing: its plan still runs (a stateful query's state
-stores commit with it), and a replay writes no row again. Several tables written from one `foreachBatch` each keep their own txn, so every table is
-exactly-once on its own. The append runs Delta's own transaction (`writeFiles`, `commit`); only
-the look-up of the app id's last batch reads the commit's checksum file instead of rebuilding
-the table's state (`_committed_batch`).
+stores commit with it), and a replay writes no row again. Several tables written from one
+`foreachBatch` each keep their own txn, so every table is exactly-once on its own. The append
+runs Delta's own transaction (`writeFiles`, `commit`); only the look-up of the app id's last
+batch reads the commit's checksum file instead of rebuilding the table's state
+(`_committed_batch`).
 """
 from __future__ import annotations
 
