@@ -3,12 +3,12 @@
 Delta's idempotent writes do the bookkeeping: each append commits a `txn` action (app id, batch
 id) with its files, and an append whose app id already committed that batch id commits nothing.
 So a batch replayed after a crash, or written twice by two writers that share an app id, lands
-once. A batch that writes no row commits nothing: its plan still runs (a stateful query's state
-stores commit with it), and a replay writes no row again. Several tables written from one
-`foreachBatch` each keep their own txn, so every table is exactly-once on its own. The append
-runs Delta's own transaction (`writeFiles`, `commit`); only the look-up of the app id's last
-batch reads the commit's checksum file instead of rebuilding the table's state
-(`_committed_batch`).
+once. A batch that writes no row to an existing table of its columns commits nothing: its plan
+still runs (a stateful query's state stores commit with it), and a replay writes no row again.
+Several tables written from one `foreachBatch` each keep their own txn, so every table is
+exactly-once on its own. The append runs Delta's own transaction (`writeFiles`, `commit`); only
+the look-up of the app id's last batch reads the commit's checksum file instead of rebuilding
+the table's state (`_committed_batch`).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class DeltaSink:
 
     def write_batch(self, df: DataFrame, batch_id: int) -> CommitResult:
         """Append `df` as batch `batch_id`; a batch id already committed for this app_id is skipped,
-    and a batch of no row is run but not committed."""
+        and a batch of no row is run but not committed (unless it creates the table or adds columns)."""
         spark = df.sparkSession
         # The commit's userMetadata, unique to this attempt: Delta's writer finds its commit in the
         # history by it (`_find_commit`; a replay has another tag).
@@ -164,7 +164,7 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
         active.clearActive()
     if not actions:
         # An empty commit would wake every streaming query reading the table for a micro-batch of
-        # nothing (a rule woken by each empty enriched commit cost ~1 CPU s a time).
+        # nothing (17 of 18 enriched_ids_alerts commits in one alert_latency run).
         return None, 0
     now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
     actions.append(delta.actions.SetTransaction(app_id, batch_id, now))
