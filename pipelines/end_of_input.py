@@ -6,7 +6,7 @@ files, the generator's hours) nothing newer comes, so the last pieces, events an
 wait in state for the next run's data.
 
 Run-once therefore marks the end of its input: the `end_of_input` stage appends to the
-`end_of_input` table a `flush_at` one millisecond after the newest event in silver, meaning
+`end_of_input` table a `flush_at` at most one millisecond after the newest event in silver, meaning
 "every event before this has arrived". Each stateful query reads that table as one more stream
 and unions the marks into its watermarked input (`with_marks`), so its watermark reaches
 `flush_at` and no further: everything before it is emitted and nothing newer becomes late.
@@ -27,9 +27,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, DataType, DateType, NumericType, StringType, TimestampType
 
-from pipelines.lake.log import open_log
+from pipelines.lake.log import newest_in_stats, open_log
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import read_stream
+from pipelines.schemas import END_OF_INPUT_SCHEMA
 
 END_OF_INPUT = "end_of_input"
 # Set on the mark rows `with_marks` adds to a stream (NULL on the stream's own rows).
@@ -118,15 +119,28 @@ def idle(lake: Lake, tables: Sequence[str]) -> bool:
 
 
 def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:
-    """The newest `event_time` in `tables` (those that exist), or None when they hold no row."""
-    # An aggregate without grouping returns exactly one row.
-    found = [lake.read(spark, t).agg(F.max("event_time")).collect()[0][0] for t in tables if lake.exists(t)]
+    """The newest `event_time` in `tables` (those that exist), at most a millisecond early (never
+    late), or None when they hold no row; naive local time, as Spark returns it."""
+    found = [_newest(spark, lake, table, "event_time") for table in tables if lake.exists(table)]
     return max((t for t in found if t is not None), default=None)
+
+
+def _newest(spark: SparkSession, lake: Lake, table: str, column: str) -> datetime | None:
+    """The newest `column` of `table` from its files' statistics (`newest_in_stats`: milliseconds,
+    truncated), so a run-once's mark scans no silver history; aggregated by Spark when a file
+    lacks them."""
+    try:
+        newest = newest_in_stats(lake.path(table), column)
+    except LookupError:
+        # An aggregate without grouping returns exactly one row.
+        return lake.read(spark, table).agg(F.max(column)).collect()[0][0]
+    return newest.astimezone().replace(tzinfo=None) if newest is not None else None
 
 
 def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable[[], list[str]]) -> int:
     """Append a mark at `newest` + 1 ms (global, and one per IP `ips()` returns) unless an earlier run
-    already marked that far; return the rows written (0: nothing new since the last mark).
+    already marked that far; return the rows written (0: nothing new since the last mark). With
+    `newest` at most a millisecond before the newest event (`newest_event`), the mark is after it.
 
     `ips` is only called when a mark is written: a run-once that found nothing new reads no DHCP.
 
@@ -136,13 +150,14 @@ def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable
         return 0
     flush_at = newest + timedelta(milliseconds=1)
     lake.ensure(spark, END_OF_INPUT)
-    table = lake.read(spark, END_OF_INPUT)
-    last = table.agg(F.max("flush_at")).collect()[0][0]
+    # A mark from statistics falls on a millisecond: comparing it with the marks' own (truncated)
+    # statistics is exact.
+    last = _newest(spark, lake, END_OF_INPUT, "flush_at")
     if last is not None and last >= flush_at:
         return 0
     rows = [(flush_at, None)] + [(flush_at, ip) for ip in sorted(set(ips()))]
     frame = (spark.createDataFrame(rows, "flush_at timestamp, ip string")
-             .withColumn("written_at", F.current_timestamp()).select(*table.columns))
+             .withColumn("written_at", F.current_timestamp()).select(*END_OF_INPUT_SCHEMA.names))
     # The mark's own time is its transaction version: a repeated mark commits once.
     result = lake.sink(END_OF_INPUT).write_batch(frame, int(flush_at.timestamp() * 1000))
     return 0 if result.skipped else result.rows

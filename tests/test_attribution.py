@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from conftest import state_partitions
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
-from pipelines.end_of_input import END_OF_INPUT
+from pipelines.end_of_input import END_OF_INPUT, newest_event
 from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
@@ -380,3 +380,19 @@ def test_remcos_host_attributed_on_real_zeek_logs(spark, tmp_path, real_logs):
     assert [(r.mac, r.hostname, r["count"]) for r in host] == [("08:00:27:5e:9a:a6", "NWin3", 741)]
     [lease, *_] = lake.read(spark, "dhcp_leases").where("ip = '192.168.1.107'").orderBy("valid_from").collect()
     assert (lease.start_reason, lease.end_reason, lease.lease_time) == ("backfill", "renew", 600.0)
+
+
+def test_the_end_of_input_mark_comes_after_the_newest_event_with_or_without_file_statistics(spark, tmp_path):
+    lake = Lake(Home.resolve(tmp_path).create())
+    newest = dt.datetime(2026, 11, 20, 12, 0, 0, 999999)  # naive local time, as Spark returns it
+    rows = spark.createDataFrame([(newest,), (newest - dt.timedelta(hours=1),)], "event_time timestamp")
+    rows.write.format("delta").save(str(lake.path("silver_dns")))
+    from_stats = newest_event(spark, lake, ["silver_dns", "silver_conn"])  # silver_conn: no table yet
+    assert newest - dt.timedelta(milliseconds=1) < from_stats <= newest < from_stats + dt.timedelta(milliseconds=1)
+    # A file written without statistics: the rows are read instead, to the microsecond.
+    spark.conf.set("spark.databricks.delta.stats.collect", "false")
+    try:
+        rows.limit(1).write.format("delta").mode("append").save(str(lake.path("silver_dns")))
+    finally:
+        spark.conf.unset("spark.databricks.delta.stats.collect")
+    assert newest_event(spark, lake, ["silver_dns"]) == newest

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipelines.lake.log import commits, summary
+from pipelines.lake.log import commits, newest_in_stats, summary
 from pipelines.lake.read import is_table, read_table
 from pipelines.lake.schema import SchemaMismatchError
 from pipelines.lake.sink import DeltaSink, create_empty, table_uri
@@ -309,6 +309,26 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
         sink.write_batch(spark.createDataFrame([(batch, dt.date(2026, 1, 1))], schema), batch)
     assert (table / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
     assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
+
+
+def test_newest_in_stats_reads_the_log_and_names_a_file_without_statistics(spark, tmp_path):
+    table = str(tmp_path / "t")
+    spark.sql("SELECT timestamp'2026-11-20 10:00:00.123456' AS t, 1 AS n").write.format("delta").save(table)
+    truncated = dt.datetime(2026, 11, 20, 10, 0, 0, 123000, tzinfo=dt.timezone.utc)
+    assert newest_in_stats(table, "t") == truncated  # Delta's statistics: milliseconds, truncated
+    # A file holding only NULLs of the column has no maximum and is known to hold no value.
+    spark.sql("SELECT CAST(NULL AS timestamp) AS t, 2 AS n").write.format("delta").mode("append").save(table)
+    assert newest_in_stats(table, "t") == truncated
+    spark.conf.set("spark.databricks.delta.stats.collect", "false")
+    try:
+        spark.sql("SELECT timestamp'2026-11-19 00:00:00' AS t, 3 AS n").write.format("delta").mode("append").save(table)
+    finally:
+        spark.conf.unset("spark.databricks.delta.stats.collect")
+    with pytest.raises(LookupError, match="t: a file without statistics for t"):
+        newest_in_stats(table, "t")
+    empty = str(tmp_path / "empty")
+    spark.sql("SELECT timestamp'2026-11-20 10:00:00' AS t").where("false").write.format("delta").save(empty)
+    assert newest_in_stats(empty, "t") is None
 
 
 def test_tables_delta_spark_wrote_are_listed_by_delta_rs(spark, tmp_path):

@@ -1,4 +1,5 @@
-"""Listings from a table's Delta log without a JVM (delta-rs): instant `seclake tables` and `history`.
+"""Listings from a table's Delta log without a JVM (delta-rs): instant `seclake tables` and `history`,
+and a column's newest value from the files' statistics (`newest_in_stats`).
 
 Everything that reads rows or writes goes through delta-spark; these only read the log.
 """
@@ -67,6 +68,38 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
     return [{"version": c["version"], "timestamp": _commit_time(c["timestamp"]), "operation": c.get("operation"),
              **_commit_actions(log / f"{c['version']:020d}.json")}
             for c in open_log(path).history(limit)]
+
+
+def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
+    """The newest value of the timestamp `column` among the table's rows, from its files' statistics
+    in the log (no data file is read; the cost grows with files, not rows). None when no file holds
+    a value; LookupError when a file with rows has no statistics for `column` (the caller reads the
+    rows instead).
+
+    Delta keeps timestamp statistics to the millisecond, truncated: the true newest value is at or
+    after the one returned and less than a millisecond past it.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spark.sql("SELECT timestamp'2026-11-20 10:00:00.123456' AS t").write.format("delta").save(tmp)
+    ...     newest_in_stats(tmp, "t").isoformat()
+    '2026-11-20T10:00:00.123000+00:00'
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    adds = pa.table(open_log(path).get_add_actions(flatten=True))
+    if adds.num_rows == 0:
+        return None
+    names = (f"max.{column}", f"null_count.{column}", "num_records")
+    if any(name not in adds.column_names for name in names):
+        raise LookupError(f"{as_path(path).name}: no statistics for {column}")
+    newest, nulls, records = (adds.column(name) for name in names)
+    # A file without a maximum is fine only when it is known to hold no value of the column.
+    unknown = pc.and_(pc.is_null(newest), pc.invert(pc.fill_null(pc.equal(nulls, records), False)))
+    if pc.any(unknown).as_py():
+        raise LookupError(f"{as_path(path).name}: a file without statistics for {column}")
+    return pc.max(newest).as_py()
 
 
 def commit_versions(log: Path) -> list[int]:
