@@ -331,6 +331,21 @@ def test_newest_in_stats_reads_the_log_and_names_a_file_without_statistics(spark
     assert newest_in_stats(empty, "t") is None
 
 
+def test_newest_in_stats_refuses_a_table_with_deletion_vectors(spark, tmp_path):
+    # Deleted rows stay counted in their file's statistics: the newest row they name may be gone.
+    table = str(tmp_path / "t")
+    spark.conf.set("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
+    try:
+        spark.sql("SELECT timestamp'2026-11-20 10:00:00' + make_interval(0, 0, 0, 0, 0, id, 0) AS t, id FROM range(10)"
+                  ).coalesce(1).write.format("delta").save(table)
+    finally:
+        spark.conf.unset("spark.databricks.delta.properties.defaults.enableDeletionVectors")
+    DeltaTable.forPath(spark, table).delete("id >= 5")
+    assert read_table(spark, table).agg(F.max("t")).first()[0] == dt.datetime(2026, 11, 20, 10, 4)
+    with pytest.raises(LookupError, match="deletion vectors"):
+        newest_in_stats(table, "t")
+
+
 def test_tables_delta_spark_wrote_are_listed_by_delta_rs(spark, tmp_path):
     table = tmp_path / "t"
     frame = _frame(spark, 50).drop("tags", "flow", "raw")

@@ -73,8 +73,8 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
 def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     """The newest value of the timestamp `column` among the table's rows, from its files' statistics
     in the log (no data file is read; the cost grows with files, not rows). None when no file holds
-    a value; LookupError when a file with rows has no statistics for `column` (the caller reads the
-    rows instead).
+    a value; LookupError when a file with rows has no statistics for `column`, or when the table
+    has deletion vectors (the caller reads the rows instead).
 
     Delta keeps timestamp statistics to the millisecond, truncated: the true newest value is at or
     after the one returned and less than a millisecond past it.
@@ -88,7 +88,11 @@ def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    adds = pa.table(open_log(path).get_add_actions(flatten=True))
+    table = open_log(path)
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        # A file's statistics then still count the rows a deletion vector removed from it.
+        raise LookupError(f"{as_path(path).name}: deletion vectors, the statistics may count deleted rows")
+    adds = pa.table(table.get_add_actions(flatten=True))
     if adds.num_rows == 0:
         return None
     names = (f"max.{column}", f"null_count.{column}", "num_records")
