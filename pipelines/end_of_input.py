@@ -138,9 +138,10 @@ def _newest(spark: SparkSession, lake: Lake, table: str, column: str) -> datetim
 
 
 def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable[[], list[str]]) -> int:
-    """Append a mark at `newest` + 1 ms (global, and one per IP `ips()` returns) unless an earlier run
-    already marked that far; return the rows written (0: nothing new since the last mark). With
-    `newest` at most a millisecond before the newest event (`newest_event`), the mark is after it.
+    """Append a mark at the millisecond after `newest` (global, and one per IP `ips()` returns) unless
+    an earlier run already marked that far; return the rows written (0: nothing new since the last
+    mark). With `newest` at most a millisecond before the newest event (`newest_event`), the mark is
+    after it.
 
     `ips` is only called when a mark is written: a run-once that found nothing new reads no DHCP.
 
@@ -148,10 +149,10 @@ def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable
     """
     if newest is None:
         return 0
-    flush_at = newest + timedelta(milliseconds=1)
+    # On a millisecond, still after `newest`: the marks' own statistics (milliseconds, truncated)
+    # then compare exactly with it, whether `newest` came from statistics or from Spark.
+    flush_at = newest.replace(microsecond=newest.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
     lake.ensure(spark, END_OF_INPUT)
-    # A mark from statistics falls on a millisecond: comparing it with the marks' own (truncated)
-    # statistics is exact.
     last = _newest(spark, lake, END_OF_INPUT, "flush_at")
     if last is not None and last >= flush_at:
         return 0

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from conftest import state_partitions
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
-from pipelines.end_of_input import END_OF_INPUT, newest_event
+from pipelines.end_of_input import END_OF_INPUT, mark, newest_event
 from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
@@ -396,3 +396,14 @@ def test_the_end_of_input_mark_comes_after_the_newest_event_with_or_without_file
     finally:
         spark.conf.unset("spark.databricks.delta.stats.collect")
     assert newest_event(spark, lake, ["silver_dns"]) == newest
+
+
+def test_a_mark_falls_on_the_millisecond_after_the_newest_event_and_is_written_once(spark, tmp_path):
+    lake = Lake(Home.resolve(tmp_path).create())
+    newest = dt.datetime(2026, 11, 20, 12, 0, 0, 999999)  # to the microsecond, as Spark reads it
+    assert mark(spark, lake, newest, lambda: ["10.0.0.7"]) == 2
+    # The same input marked again, from statistics this time (to the millisecond): nothing new.
+    assert mark(spark, lake, newest.replace(microsecond=999000), lambda: ["10.0.0.7"]) == 0
+    assert mark(spark, lake, newest, lambda: ["10.0.0.7"]) == 0
+    flush = {r.flush_at for r in read_table(spark, lake.path(END_OF_INPUT)).collect()}
+    assert flush == {dt.datetime(2026, 11, 20, 12, 0, 1)}
