@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from pipelines.home import Home
+
+if TYPE_CHECKING:
+    from pipelines.lake.registry import Lake
 
 DAGSTER_DIR = "dagster"  # the demo's Dagster instance (run history), inside the home
 RUN_ONCE_JOB = "run_once_job"  # assets/jobs.py
@@ -20,7 +24,6 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     small one, tests/test_demo.py checks the summary).
     """
     from pipelines.lake.registry import Lake
-    from pipelines.spark import get_spark
     from pipelines.terminal import Progress
     from sample_data.generator import DEFAULT_START, done_line, generate, hour_files, parse_start
 
@@ -41,9 +44,7 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
           f"(run history in {dagster_home})", file=sys.stderr)
     launched = launch_run_once(home)
     print("[3/3] summary", file=sys.stderr)
-    spark = get_spark(app_name="seclake-demo")
-    lake = Lake(home)
-    print(summary(spark, lake))
+    print(summary(Lake(home)))
     print(f"\nDone in {time.monotonic() - started:.0f}s. Next:\n"
           f"  SQL shell:  .venv/bin/seclake sql --home {home.root}\n"
           f"  one query:  .venv/bin/seclake sql --home {home.root} "
@@ -66,9 +67,9 @@ def launch_run_once(home: Home) -> int:
                           env=env).returncode
 
 
-def summary(spark, lake) -> str:
+def summary(lake: Lake) -> str:
     """Two aligned tables: version and rows of every table, then alerts by rule and severity."""
-    from pipelines.lake.log import summary
+    from pipelines.lake.log import count_by, summary
     from pipelines.terminal import format_table
 
     tables: list[tuple[str, int | None, int | None]] = []
@@ -78,10 +79,7 @@ def summary(spark, lake) -> str:
             continue
         found = summary(lake.path(name))
         tables.append((name, found.version, found.rows))
-    alerts = []
-    if lake.exists("alerts"):
-        counted = lake.read(spark, "alerts").groupBy("rule_name", "severity").count().orderBy("rule_name").collect()
-        alerts = [(r.rule_name, r.severity, r["count"]) for r in counted]
+    alerts = count_by(lake.path("alerts"), ["rule_name", "severity"]) if lake.exists("alerts") else []
     by_rule = (format_table(["rule", "severity", "alerts"], alerts, title="alerts by rule and severity")
                if alerts else "alerts by rule and severity: none")
     return format_table(["table", "version", "rows"], tables, title="tables ('-': not created yet)") + "\n\n" + by_rule

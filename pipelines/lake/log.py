@@ -1,7 +1,8 @@
 """Listings from a table's Delta log without a JVM (delta-rs): instant `seclake tables` and `history`,
-and a column's newest value from the files' statistics (`newest_in_stats`).
+a column's newest value from the files' statistics (`newest_in_stats`), and row counts by group of
+a small table for a closing summary (`count_by`).
 
-Everything that reads rows or writes goes through delta-spark; these only read the log.
+Everything else that reads rows, and every write, goes through delta-spark.
 """
 from __future__ import annotations
 
@@ -104,6 +105,22 @@ def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     if pc.any(unknown).as_py():
         raise LookupError(f"{as_path(path).name}: a file without statistics for {column}")
     return pc.max(newest).as_py()
+
+
+def count_by(path: str | os.PathLike, columns: list[str]) -> list[tuple[Any, ...]]:
+    """Rows per distinct value of `columns`, sorted, each `(*values, count)`: `seclake demo`'s alert
+    count without starting a JVM (7-12 s of its wall time). Reads only those columns' data; a table
+    with deletion vectors, which seclake never enables, is refused by delta-rs with its own error.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spark.sql("SELECT * FROM VALUES ('b', 1), ('a', 2), ('b', 3) AS t(k, v)").write.format("delta").save(tmp)
+    ...     count_by(tmp, ["k"])
+    [('a', 1), ('b', 2)]
+    """
+    counted = open_log(path).to_pyarrow_table(columns=columns).group_by(columns).aggregate([([], "count_all")])
+    ordered = counted.sort_by([(column, "ascending") for column in columns])
+    return [tuple(row[name] for name in [*columns, "count_all"]) for row in ordered.to_pylist()]
 
 
 def commit_versions(log: Path) -> list[int]:
