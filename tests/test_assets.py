@@ -508,3 +508,22 @@ def test_stream_job_stops_its_queries_cleanly_when_the_run_is_terminated(spark, 
     assert {q.id for q in spark.streams.active} - before == set()  # every query stopped
     failure = events(result, "STEP_FAILURE")[0].event_specific_data.error
     assert "stopped cleanly on termination" in failure.message
+
+
+def test_ge_auto_engine_takes_the_row_bound_instead_of_counting(spark):
+    schema = Lake.spec("silver_conn").schema
+    row = {f.name: None for f in schema.fields} | {"event_id": "e1", "event_time": _ts("2026-11-20 00:00:01"),
+                                                   "event_date": _ts("2026-11-20").date(), "source": "zeek"}
+    frame = spark.createDataFrame([row, dict(row, event_id="e2")], schema)
+    suite = quality.suite_for("silver_conn")
+    spark.sparkContext.setJobGroup("ge-bound", "validate with a bound")
+    try:
+        small = quality.validate(frame, suite, pandas_max_rows=1, most_rows=1)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    # The bound decided (pandas although 2 > 1 rows), and the rows reported are the ones validated.
+    assert (small.engine, small.rows, small.success) == ("pandas", 2, True), small.describe()
+    big = quality.validate(frame, suite, pandas_max_rows=1)
+    assert (big.engine, big.rows) == ("spark", 2)
+    tracker = spark.sparkContext.statusTracker()
+    assert len(tracker.getJobIdsForGroup("ge-bound")) == 1  # toPandas only: no count
