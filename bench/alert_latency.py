@@ -41,15 +41,19 @@ the stream takes in 12 times the events per second of the same network in real t
 120-host network's rate). And the waits in event time, shortened `--speed` times: attribution
 emits an event once the lease piece holding it is final (docs/attribution.md: 5 to 15 minutes
 of event time after the event with the defaults), so a per-event alert's latency at real time
-is at least that, whatever this bench prints at a higher speed. The generator injects about
-one scenario of each kind per hour. If no alert of a class is committed during the run, its
-key is `nan` and the line before RESULT says why.
+is at least that, whatever this bench prints at a higher speed. The generator injects one
+incident of each kind at fractions of the span it generates; the span is the feed's (at least
+four times the warm-up, so that the IDS alert on a reused address, at a quarter of it, falls after
+the warm-up), so the measured feed holds incidents of both classes. Until 2026-11-29 an hour was
+generated and `--quick` fed minutes 10 to 34 of it, which held no threshold incident. The drain
+is waited in full, for alerts. If no alert of a class is committed during the run, its key is
+`nan` and the line before RESULT says why.
 
 RESULT keys (the last line): `per_event_p95_s`, `threshold_p95_s` as above; extra keys
 `silver_p95_s` (landing -> all of a file's silver rows committed), `enriched_p95_s` (landing ->
 enriched row committed) and `floor_p95_s`.
 
-    python bench/alert_latency.py --quick                  # 120 s of feed (24 event minutes), 20 s drain: ~5 min
+    python bench/alert_latency.py --quick                  # 100 s of feed (20 event minutes), 90 s drain: ~5 min
     python bench/alert_latency.py                          # 300 s of feed (an event hour), 60 s drain: ~9 min
     python bench/alert_latency.py --hosts 40 --speed 4
     python bench/alert_latency.py --quick --set lease_cut='10 minutes'   # the cut before 2026-11-28
@@ -58,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -70,6 +73,9 @@ from urllib.parse import unquote
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+
+# Event seconds between the warm-up's end and the first incident (a jitter of up to 0.8% of the span).
+SCENARIO_MARGIN_S = 30.0
 
 
 class LogTail:
@@ -158,7 +164,7 @@ def silver_of(table: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="120 s of feed and a 20 s drain (~5 min)")
+    parser.add_argument("--quick", action="store_true", help="100 s of feed and a 90 s drain (~5 min)")
     parser.add_argument("--hosts", type=int, default=10)
     parser.add_argument("--speed", type=float, default=12.0,
                         help="seconds of event time delivered per second of wall time (default 12)")
@@ -171,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger", default="1 second", help="processing-time trigger of both queries")
     parser.add_argument("--duration", type=float, default=300.0, help="wall seconds of feed to measure")
     parser.add_argument("--drain", type=float, default=60.0,
-                        help="seconds to wait for the last files after the feed stops")
+                        help="seconds to wait for the last files and alerts after the feed stops")
     parser.add_argument("--work", default=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                         help="another setting for the stream, e.g. --set lease_cut='10 minutes' (repeatable)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration, args.drain = 120.0, 20.0
+        args.duration, args.drain = 100.0, 90.0
     work = common.work_dir("alert-latency", args.work)
     home = work / "home"
     t0 = time.monotonic()
@@ -185,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
     feed_s = args.warm + args.duration * args.speed  # event seconds the run needs
     gen = work / "gen"
-    manifest = common.generate(gen, hours=math.ceil(feed_s / 3600), hosts=args.hosts, seed=args.seed, late_rate=0.0)
+    # The generator places its incidents at fractions of the span it generates (the IDS alert on a
+    # reused address at 0.25, the threshold scenarios from 0.50 on: sample_data/scenarios.py), so
+    # the span is the feed's, and long enough that the first falls after the warm-up.
+    span = max(feed_s, 4 * (args.warm + SCENARIO_MARGIN_S))
+    manifest = common.generate(gen, hours=span / 3600, hosts=args.hosts, seed=args.seed, late_rate=0.0)
     files = common.trickle(gen, manifest, work / "feed", args.eve_every * args.speed, args.zeek_every * args.speed)
     warm = [f for f in files if f["due"] <= args.warm]
     feed = [f for f in files if args.warm < f["due"] <= feed_s]
@@ -281,8 +291,6 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(tmp, work / "floor-in" / f"{text}.txt")
             probes[text] = (work / "floor-in" / f"{text}.txt").stat().st_mtime
         poll_tables()
-        if not pending and all(f in silver_seen for f in landed) and all(p in floor_seen for p in probes):
-            break
         time.sleep(0.1)
     feed_wall = time.monotonic() - feed_started
     poll_tables()
