@@ -70,7 +70,7 @@ over the baseline (always-on): **lower is better** (issue 16's goal: <= 0.2).
                                              # window (+30 s at most to catch up), run-once over
                                              # a full hour of trickled feed
     python bench/run_once_cost.py            # 10 hosts: 120 s warm-up, 30 s idle, 300 s stream window
-                                             # (+240 s), run-once over a full hour of trickled feed (not timed)
+                                             # (+240 s), run-once over a full hour of trickled feed (502 s)
 """
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ def test_summary_gives_version_and_rows_per_table_and_alerts_by_rule(spark, tmp_
     assert rows[-1] == ["alerts", "by", "rule", "and", "severity:", "none"]
 
 
-
 def test_summary_counts_alerts_by_rule_and_severity_from_the_log_reader(spark, tmp_path):
     lake = Lake(Home.resolve(tmp_path).create())
     lake.ensure(spark, "alerts")

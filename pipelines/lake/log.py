@@ -109,8 +109,9 @@ def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
 
 def count_by(path: str | os.PathLike, columns: list[str]) -> list[tuple[Any, ...]]:
     """Rows per distinct value of `columns`, sorted, each `(*values, count)`: `seclake demo`'s alert
-    count without starting a JVM (7-12 s of its wall time). Reads only those columns' data; a table
-    with deletion vectors, which seclake never enables, is refused by delta-rs with its own error.
+    count without starting a JVM (a Spark session for it cost the demo about 12 s). Reads only those
+    columns' data; a table with deletion vectors, which seclake never enables, is refused by delta-rs
+    with its own error.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
