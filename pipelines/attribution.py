@@ -35,9 +35,11 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
 from pipelines import end_of_input
+from pipelines.checkpoint import newest, read_batch
+from pipelines.dhcp_clock import DHCP_CLOCK, read_clock
 from pipelines.end_of_input import END_OF_INPUT, mark_input, read_marks, with_marks
 from pipelines.lake.registry import Lake
-from pipelines.lake.source import check_resumable, read_stream
+from pipelines.lake.source import caught_up, check_resumable, read_stream
 from pipelines.query import (
     AVAILABLE_NOW,
     BatchStats,
@@ -56,6 +58,8 @@ from pipelines.settings import Settings
 log = logging.getLogger("seclake")
 
 LEASES = "dhcp_leases"
+# What dhcp_leases read before the DHCP clock, in plan order (`clocked`).
+_OLD_LEASE_READS = ("silver_dhcp", END_OF_INPUT)
 LATE_EVENTS = "late_events"
 # enriched table -> the silver table it attributes.
 ENRICHED_INPUTS: dict[str, str] = {"enriched_conn": "silver_conn", "enriched_dns": "silver_dns",
@@ -365,12 +369,13 @@ class LeaseProcessor(StatefulProcessor):
                               lease.start_reason, book.last_end))
 
 
-def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings) -> DataFrame:
+def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings, clock: DataFrame | None = None) -> DataFrame:
     """The dhcp_leases rows of a silver_dhcp stream (LEASE_SCHEMA), each emitted once, when final.
 
     `marks` are the end-of-input marks (`end_of_input.read_marks`): one addressed to an IP cuts its
-    held lease at the mark. `start_leases` applies it to the silver_dhcp stream and writes the
-    result to dhcp_leases.
+    held lease at the mark. `clock` is the DHCP clock as marks (`dhcp_clock.read_clock`), which
+    moves the watermark when DHCP is quiet; None on a checkpoint started before it. `start_leases`
+    applies it to the silver_dhcp stream and writes the result to dhcp_leases.
     """
     at_mark = F.col("flush_at") + F.expr(f"INTERVAL {settings.lease_watermark}")
     cuts = marks.where(F.col("ip").isNotNull()).select(
@@ -378,9 +383,11 @@ def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings) -> Dat
         F.lit("mark").alias("kind"), *(F.lit(None).cast(t).alias(c) for c, t in
                                         (("mac", "string"), ("hostname", "string"), ("lease_time", "double"))),
         F.lit(False).alias("renewal"))
-    messages = (dhcp_messages(dhcp).select("event_time", *_MESSAGE_COLUMNS)
-                .unionByName(cuts)
-                .withWatermark("event_time", settings.lease_watermark))
+    messages = dhcp_messages(dhcp).select("event_time", *_MESSAGE_COLUMNS).unionByName(cuts)
+    if clock is None:
+        messages = messages.withWatermark("event_time", settings.lease_watermark)
+    else:
+        messages = with_marks(messages, clock, "event_time", settings.lease_watermark, marks_first=True)
     segments = messages.groupBy("ip").transformWithState(
         LeaseProcessor(_millis(settings.lease_piece, "lease_piece"), _millis(settings.lease_cut, "lease_cut")),
         _SEGMENT_OUTPUT, outputMode="Append", timeMode="EventTime")
@@ -606,6 +613,10 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # that split a commit would make the later files' rows look late (and a run-once's end-of-input
     # mark, read whole in the first micro-batch, would come before the rest of the data).
     session = stateful_session(spark, settings)
+    clock = read_clock(session, lake, settings.lease_watermark) if clocked(lake) else None
+    if clock is None:
+        log.warning("dhcp_leases: its checkpoint predates the DHCP clock, so in a stream a lease piece waits "
+                    "for a newer DHCP line; start it afresh to use the clock (docs/attribution.md)")
     dhcp = read_stream(session, lake.path("silver_dhcp"))
     writer = AttributionWriter(spark, lake, LEASES)
     # The enriched queries stream from dhcp_leases and all four queries write late_events: create
@@ -613,7 +624,29 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # create one). Batch id -1 marks "nothing committed yet": batch 0 still commits.
     for table in (LEASES, LATE_EVENTS):
         lake.ensure(spark, table, settings.checkpoint_interval)
-    return _run(LEASES, lease_segments(dhcp, read_marks(session, lake), settings), writer, lake, trigger)
+    return _run(LEASES, lease_segments(dhcp, read_marks(session, lake), settings, clock), writer, lake, trigger)
+
+
+def clocked(lake: Lake) -> bool:
+    """Whether dhcp_leases reads the DHCP clock: yes, but on a checkpoint started before it (two
+    sources, silver_dhcp and the marks), which Spark cannot resume with a third.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     clocked(Lake(Home.resolve(tmp)))
+    True
+    """
+    checkpoint = lake.home.checkpoint(LEASES)
+    last = newest(checkpoint)
+    return last is None or len(read_batch(checkpoint, last).offsets) != len(_OLD_LEASE_READS)
+
+
+def _leases_idle(lake: Lake) -> bool:
+    """`stages.idle` for dhcp_leases, over the tables its checkpoint reads (`clocked`)."""
+    reads = (DHCP_CLOCK, *_OLD_LEASE_READS) if clocked(lake) else _OLD_LEASE_READS
+    return all(lake.exists(t) for t in reads) and caught_up(lake.home.checkpoint(LEASES),
+                                                            [lake.path(t) for t in reads])
 
 
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
@@ -660,12 +693,13 @@ def stages() -> list[Stage]:
     then one per enriched table.
 
     >>> [(s.name, s.reads) for s in stages()][1:3]  # doctest: +NORMALIZE_WHITESPACE
-    [('dhcp_leases', ('silver_dhcp', 'end_of_input')),
+    [('dhcp_leases', ('dhcp_clock', 'silver_dhcp', 'end_of_input')),
      ('enriched_conn', ('silver_conn', 'dhcp_leases', 'end_of_input'))]
     """
     return [Stage(END_OF_INPUT, reads=tuple(SILVER_SCHEMAS), writes=(END_OF_INPUT,), start=start_end_of_input,
                   idle=partial(end_of_input.idle, tables=tuple(SILVER_SCHEMAS))),
-            Stage(LEASES, reads=("silver_dhcp", END_OF_INPUT), writes=(LEASES, LATE_EVENTS), start=start_leases),
+            Stage(LEASES, reads=(DHCP_CLOCK, *_OLD_LEASE_READS), writes=(LEASES, LATE_EVENTS), start=start_leases,
+                  idle=_leases_idle),
             *(Stage(table, reads=(events, LEASES, END_OF_INPUT), writes=(table, LATE_EVENTS),
                     start=partial(start_enriched, table=table))
               for table, events in ENRICHED_INPUTS.items())]

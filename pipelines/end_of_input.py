@@ -45,11 +45,15 @@ def read_marks(spark: SparkSession, lake: Lake) -> DataFrame:
     return read_stream(spark, lake.path(END_OF_INPUT))
 
 
-def with_marks(frame: DataFrame, marks: DataFrame, time_column: str, delay: str) -> DataFrame:
+def with_marks(frame: DataFrame, marks: DataFrame, time_column: str, delay: str, *,
+               marks_first: bool = False) -> DataFrame:
     """`frame.withWatermark(time_column, delay)`, also moved to each mark's `flush_at` by the marks.
 
     A mark row enters with its time at `flush_at + delay`, so the watermark (newest time - delay)
-    reaches `flush_at` exactly, and leaves right after the watermark operator.
+    reaches `flush_at` exactly, and leaves right after the watermark operator. `marks_first` puts
+    the marks' source before `frame`'s in the plan, where Spark asks it for new data first (the
+    DHCP clock, pipelines/dhcp_clock.py); a checkpoint records its sources in plan order, so an
+    existing query keeps the order it was started with.
 
     The marks must reach that operator, and Spark's optimizer works against it: it pushes below
     the operator every filter that does not name the event-time column (including the `IS NOT
@@ -63,17 +67,25 @@ def with_marks(frame: DataFrame, marks: DataFrame, time_column: str, delay: str)
     # query start (a rule's tables have dozens of columns), paid by every rule and join.
     written = "coalesce(_mark_written_at, _mark_flush_at)"
     columns = [f"_mark_flush_at + INTERVAL {delay} AS `{time_column}`", f"{written} AS {MARK_COLUMN}"]
-    columns += [f"CAST({written} AS {field.dataType.simpleString()}) AS `{field.name}`"
+    columns += [f"{_from_written(written, field.dataType)} AS `{field.name}`"
                 for field in frame.schema.fields if field.name != time_column and _castable(field.dataType)]
     shifted = (marks.selectExpr("flush_at AS _mark_flush_at", "ip AS _mark_ip", "written_at AS _mark_written_at")
                .where("_mark_ip IS NULL").selectExpr(*columns))
-    watermarked = frame.unionByName(shifted, allowMissingColumns=True).withWatermark(time_column, delay)
+    if marks_first:
+        both = shifted.unionByName(frame, allowMissingColumns=True).select(*frame.columns, MARK_COLUMN)
+    else:
+        both = frame.unionByName(shifted, allowMissingColumns=True)
     keep = F.when(F.col(time_column).isNotNull(), F.col(MARK_COLUMN).isNull())
-    return watermarked.where(keep).drop(MARK_COLUMN)
+    return both.withWatermark(time_column, delay).where(keep).drop(MARK_COLUMN)
 
 
 def _castable(kind: DataType) -> bool:
     return isinstance(kind, (StringType, TimestampType, DateType, NumericType, BooleanType))
+
+
+def _from_written(written: str, kind: DataType) -> str:
+    """A mark's value for a column of type `kind`, from its `written` SQL (ANSI casts no timestamp to boolean)."""
+    return f"({written} IS NULL)" if isinstance(kind, BooleanType) else f"CAST({written} AS {kind.simpleString()})"
 
 
 def table_versions(lake: Lake, tables: Sequence[str]) -> dict[str, list]:

@@ -28,11 +28,13 @@ from pyspark.util import inheritable_thread_target
 
 from pipelines import environment
 from pipelines.checkpoint import newest, source_files
+from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, feed
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
-from pipelines.query import BatchStats, RunningQuery, Stage, start_query
+from pipelines.query import AVAILABLE_NOW, BatchStats, RunningQuery, Stage, start_query
+from pipelines.rules.spec import interval_seconds
 from pipelines.schemas import SILVER_SCHEMAS
 from pipelines.settings import Settings
 
@@ -191,23 +193,28 @@ def parse_files(files: DataFrame) -> DataFrame:
 @dataclass(frozen=True)
 class Survey:
     """What `EtlWriter._survey` found in one micro-batch: input counts, the tables that get rows,
-    and the de-duplication range (earliest, latest event time) per silver table."""
+    the de-duplication range (earliest, latest event time) per silver table, and for the DHCP
+    clock the newest event per feed (`dhcp_clock.feed`) and the feeds that had DHCP lines."""
 
     read: dict[str, int]
     tables: set[str]
     bounds: dict[str, tuple[datetime, datetime]]
+    newest: dict[str, datetime]
+    dhcp: set[str]
 
 
 class EtlWriter:
     """The `foreachBatch` function of the ETL query (`start`): one parsed micro-batch -> every ETL table
     it has rows for, each committed with txn(app_id="etl", batch_id)."""
 
-    def __init__(self, lake: Lake, app_id: str = QUERY_NAME) -> None:
+    def __init__(self, lake: Lake, app_id: str = QUERY_NAME, *, rotation_skew: str | None = None) -> None:
+        """`rotation_skew` (a setting) turns on the DHCP clock (pipelines/dhcp_clock.py): the file ETL's in a stream."""
         self.lake = lake
         self.sources = sources()
         self.sinks = {name: lake.sink(name, app_id=app_id) for name in etl_tables()}
         self.history: list[BatchStats] = []
         self._existing: set[str] = set()
+        self._clock = None if rotation_skew is None else ClockWriter(lake, float(interval_seconds(rotation_skew)))
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
         spark = lines.sparkSession
@@ -244,10 +251,15 @@ class EtlWriter:
                     stats.record(result)
         finally:
             parsed.unpersist()
+        # Only once the batch's silver_dhcp is committed: the clock never runs ahead of it.
+        if self._clock is not None:
+            self._clock.committed(spark, survey.newest, survey.dhcp)
         self.history.append(stats)
 
     def close(self) -> None:
-        """Nothing to release: every batch's commits are complete when the batch ends."""
+        """Stop the DHCP clock's timer; every batch's commits are complete when the batch ends."""
+        if self._clock is not None:
+            self._clock.close()
 
     def _exists(self, table: str) -> bool:
         """Whether `table` exists; remembered once true (tables are not dropped under a running query)."""
@@ -264,7 +276,7 @@ class EtlWriter:
         once per source branch that scans it. (A file of header lines only has no row here.)
         """
         good = F.col("error").isNull() & ~F.col("_repeat")
-        rows = (parsed.groupBy("source", "kind")
+        rows = (parsed.groupBy("source", "sensor", "kind")
                 .agg(F.collect_set("file").alias("files"), F.count(F.lit(1)).alias("lines"),
                      F.count(F.when(F.col("error").isNotNull(), 1)).alias("bad"),
                      F.min(F.when(good, F.col("event_time"))).alias("lo"),
@@ -273,14 +285,21 @@ class EtlWriter:
         tables = {s.bronze_table for s in self.sources if any(r.source == s.name for r in rows)}
         if any(r.bad for r in rows):
             tables.add("quarantine")
-        by_kind = {(r.source, r.kind): (r.lo, r.hi) for r in rows if r.lo is not None}
+        by_kind: dict[tuple[str, str], tuple[datetime, datetime]] = {}
+        newest: dict[str, datetime] = {}
+        for r in (r for r in rows if r.lo is not None):
+            lo, hi = by_kind.get((r.source, r.kind), (r.lo, r.hi))
+            by_kind[(r.source, r.kind)] = (min(lo, r.lo), max(hi, r.hi))
+            newest[feed(r.source, r.sensor)] = max(newest.get(feed(r.source, r.sensor), r.hi), r.hi)
+        dhcp_feeds = set(silver_feeds("silver_dhcp"))
+        dhcp = {feed(r.source, r.sensor) for r in rows if r.lo is not None and (r.source, r.kind) in dhcp_feeds}
         bounds = {}
         for table in SILVER_SCHEMAS:
             spans = [by_kind[f] for f in silver_feeds(table) if f in by_kind]
             if spans:
                 bounds[table] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
                 tables.add(table)
-        return Survey(read, tables, bounds)
+        return Survey(read, tables, bounds, newest, dhcp)
 
     def _unseen(self, spark: SparkSession, table: str, rows: DataFrame,
                 bounds: tuple[datetime, datetime] | None) -> DataFrame:
@@ -307,10 +326,13 @@ def _bronze(parsed: DataFrame, source: str, ingest: dict) -> DataFrame:
 
 def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
-    writer = EtlWriter(lake)
+    # Run-once needs no clock: its end-of-input mark passes everything (pipelines/dhcp_clock.py).
+    writer = EtlWriter(lake, rotation_skew=None if trigger == AVAILABLE_NOW else settings.rotation_skew)
+    # Before the query: its first clock row and dhcp_leases' start would otherwise race to create the table.
+    lake.ensure(spark, DHCP_CLOCK)
     query = start_query(parse_files(landing_files(spark, lake, settings)), QUERY_NAME, writer,
                         lake.home.checkpoint(QUERY_NAME), trigger)
-    return RunningQuery(QUERY_NAME, query, writer, etl_tables())
+    return RunningQuery(QUERY_NAME, query, writer, (*etl_tables(), DHCP_CLOCK))
 
 
 def start_kafka(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
@@ -350,8 +372,8 @@ def _quiet_logger() -> logging.Logger:
 
 def stages() -> list[Stage]:
     """The ETL as pipeline stages: `etl` reads landing folders, `etl_kafka` (when `$SECLAKE_KAFKA` is
-    set) the sensors' topics; neither reads a table, both write `etl_tables()`."""
-    found = [Stage(QUERY_NAME, reads=(), writes=etl_tables(), start=start, idle=idle)]
+    set) the sensors' topics; neither reads a table, both write `etl_tables()`, `etl` also the DHCP clock."""
+    found = [Stage(QUERY_NAME, reads=(), writes=(*etl_tables(), DHCP_CLOCK), start=start, idle=idle)]
     if environment.kafka():
         found.append(Stage(KAFKA_QUERY_NAME, reads=(), writes=etl_tables(), start=start_kafka,
                            part_of=QUERY_NAME))

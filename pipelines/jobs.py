@@ -98,7 +98,7 @@ def run_wave(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     [r.line() for r in run_wave(print, Lake(Home.resolve(tmp)), Settings(), stages()[2:3])]
-    ['dhcp_leases: waiting for input: no silver_dhcp, end_of_input yet (not started)']
+    ['dhcp_leases: waiting for input: no dhcp_clock, silver_dhcp, end_of_input yet (not started)']
     """
     session = _session_maker(spark)
     reports = []

@@ -13,6 +13,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -287,6 +288,14 @@ ENRICHED_SCHEMAS: dict[str, StructType] = {
 END_OF_INPUT_SCHEMA = StructType(_fields(
     ("flush_at", TimestampType()),
     ("ip", StringType()),
+    ("written_at", TimestampType()),
+))
+
+# The DHCP clock (pipelines/dhcp_clock.py): per ETL micro-batch in which it moved, the lowest
+# newest event over the feeds (source/sensor) that deliver DHCP, and each such feed's newest.
+DHCP_CLOCK_SCHEMA = StructType(_fields(
+    ("clock", TimestampType()),
+    ("feeds", MapType(StringType(), TimestampType())),
     ("written_at", TimestampType()),
 ))
 

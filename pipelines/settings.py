@@ -36,6 +36,12 @@ class Settings:
     # The same for DHCP messages. A lease piece is final once this watermark passes its end, so
     # this is also most of the wait before an event is attributed.
     lease_watermark: str = "5 minutes"
+    # The log files of one rotation of a sensor (Zeek's conn, dns and dhcp logs, moved by one
+    # shipper run) land within this much wall time of each other, so they may fall in consecutive
+    # ETL micro-batches: a sensor's newest event moves the DHCP clock (pipelines/dhcp_clock.py) only
+    # this long after the ETL committed it. A DHCP file landing later than that behind its sensor's
+    # other logs may come out late. Short, because it adds to every quiet-network attribution.
+    rotation_skew: str = "10 seconds"
     # No dhcp_leases row is longer than this: it bounds the enriched joins' time condition and lease
     # state, and a renewal seen without its ACK is taken as held this far back (one row).
     lease_piece: str = "10 minutes"

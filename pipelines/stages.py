@@ -224,7 +224,7 @@ def run_unless_idle(spark: Callable[[], SparkSession], lake: Lake, settings: Set
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     run_unless_idle(print, Lake(Home.resolve(tmp)), Settings(), stages()[2]).line()
-    'dhcp_leases: waiting for input: no silver_dhcp, end_of_input yet (not started)'
+    'dhcp_leases: waiting for input: no dhcp_clock, silver_dhcp, end_of_input yet (not started)'
     """
     if waiting(lake, stage):
         # No input written yet (a home before its first logs): nothing to read, not a failure.

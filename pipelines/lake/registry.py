@@ -43,6 +43,8 @@ def _specs() -> dict[str, TableSpec]:
     ]
     specs.append(TableSpec("end_of_input", "silver", "run-once's marks: every event before flush_at has arrived",
                            schemas.END_OF_INPUT_SCHEMA))
+    specs.append(TableSpec("dhcp_clock", "silver", "how far DHCP has surely arrived, from the sensors' other logs: "
+                           "moves dhcp_leases in a stream when DHCP is quiet", schemas.DHCP_CLOCK_SCHEMA))
     specs.append(TableSpec("dhcp_leases", "silver", "non-overlapping DHCP lease segments: which MAC held an IP when",
                            schemas.LEASE_SCHEMA, ("event_date",)))
     specs += [

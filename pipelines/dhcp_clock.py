@@ -1,0 +1,210 @@
+"""The DHCP clock: how far a stream's DHCP has surely arrived, told by the sensors' other logs.
+
+dhcp_leases emits a lease piece once its watermark (newest DHCP line - `lease_watermark`) passes
+the piece's end, and an event is attributed once its piece is out. A watermark only moves with
+newer data, so on a quiet network, where a DHCP line comes every few minutes or hours, an event
+would wait in `seclake stream` for the next DHCP line, however long that is.
+
+A sensor writes its DHCP log beside its connection and DNS logs (Zeek rotates them together;
+Suricata writes one EVE file), so once a sensor's other lines reach time T its DHCP lines before
+T - `lease_watermark` have been delivered too: the same bound the watermark already puts on DHCP
+lines out of order. The ETL keeps, per *feed* (source/sensor) that has delivered DHCP, the newest
+event it has seen from it, and appends to the `dhcp_clock` table the lowest of them whenever it
+moves (`DhcpClock`, `ClockWriter`): a slow sensor holds the clock back, a fast one without DHCP (an EVE
+stream of flows only) never moves it. dhcp_leases reads that table as one more stream, in its
+plan *before* silver_dhcp, and takes each clock row into its watermark like an end-of-input mark
+(`pipelines.end_of_input.with_marks`): its watermark is the later of the newest DHCP line and
+the clock, each minus `lease_watermark`.
+
+Why the order is safe: a micro-batch counts for the clock only once all its commits are done, so
+a clock row is committed after the silver_dhcp commit of every batch it covers, and Spark asks a
+query's sources for new data in plan order, so a clock row dhcp_leases reads never runs ahead of
+the DHCP lines it reads in the same micro-batch. Files of one rotation that land in different
+ETL batches are covered by `rotation_skew`: a feed's newest event moves the clock only that long
+(wall time) after the ETL committed it (`ClockWriter`: a timer writes the rows).
+
+What it cannot know: a sensor's DHCP file delivered more than `rotation_skew` after its other
+logs, or more than `lease_watermark` behind them in event time, is late (dropped by dhcp_leases,
+counted in `late_events`, kept in silver; a re-run of its time range picks it up), and a line
+with a bogus future time moves its feed's clock as it already moves a watermark. Run-once does
+not need the clock (its end-of-input mark passes everything) and writes none (a row from an
+earlier stream is read in the same micro-batch as silver_dhcp). The ETL from Kafka writes no clock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.lake.registry import Lake
+from pipelines.lake.source import read_stream
+from pipelines.query import error_summary
+
+log = logging.getLogger("seclake")
+
+DHCP_CLOCK = "dhcp_clock"
+# The clock's writer: its own app id, whose txn version is the clock's millisecond (`ClockWriter`).
+CLOCK_APP_ID = "etl_clock"
+
+
+@dataclass
+class DhcpClock:
+    """The clock's state in the ETL: per DHCP feed the newest event released, and what waits.
+
+    `observe` takes one micro-batch's newest event per feed (every kind of line) and the feeds
+    that had DHCP lines in it; a feed's newest is *released* once `hold_s` seconds have passed
+    since it was observed. `advance` returns the new clock (the lowest released newest over every
+    feed that ever delivered DHCP) when it moved, else None; `feeds` is what a clock row stores, so
+    that a restarted ETL resumes from the table (`DhcpClock(hold_s, feeds=...)`).
+
+    >>> t = datetime.fromisoformat
+    >>> clock = DhcpClock(hold_s=30.0)
+    >>> clock.observe(0.0, {"zeek/a": t("2026-11-20 10:05"), "suricata/b": t("2026-11-20 11:00")}, {"zeek/a"})
+    >>> clock.advance(10.0) is None        # held: the batch's DHCP file may land in the next batch
+    True
+    >>> clock.advance(30.0)                # the flows-only EVE feed does not count
+    datetime.datetime(2026, 11, 20, 10, 5)
+    >>> clock.observe(31.0, {"zeek/c": t("2026-11-20 10:01")}, {"zeek/c"})
+    >>> clock.observe(32.0, {"zeek/a": t("2026-11-20 10:20")}, set())
+    >>> clock.advance(70.0) is None        # a second DHCP sensor, behind the first: no move
+    True
+    >>> clock.row_feeds() == {"zeek/a": t("2026-11-20 10:20"), "zeek/c": t("2026-11-20 10:01")}
+    True
+    """
+
+    hold_s: float
+    feeds: dict[str, datetime] = field(default_factory=dict)
+    _pending: list[tuple[float, str, datetime]] = field(default_factory=list)
+    _dhcp: set[str] = field(default_factory=set)
+    _last: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self._dhcp |= set(self.feeds)
+        self._last = min(self.feeds.values(), default=None)
+
+    def observe(self, now: float, newest: dict[str, datetime], dhcp: set[str]) -> None:
+        """Record one micro-batch seen at `now` (seconds, any monotonic clock)."""
+        self._dhcp |= dhcp
+        self._pending += [(now, name, t) for name, t in newest.items()]
+
+    def next_due(self) -> float | None:
+        """When the next observation is released (`advance`), None when nothing waits."""
+        if not self._pending:
+            return None
+        return min(seen for seen, _, _ in self._pending) + self.hold_s
+
+    def advance(self, now: float) -> datetime | None:
+        """Release what was observed at least `hold_s` before `now`; the clock if it moved, else None."""
+        due = [p for p in self._pending if p[0] + self.hold_s <= now]
+        self._pending = [p for p in self._pending if p[0] + self.hold_s > now]
+        for _, name, newest in due:
+            if name not in self.feeds or newest > self.feeds[name]:
+                self.feeds[name] = newest
+        # A DHCP feed with nothing released yet (new, or seen only in held batches) could be
+        # behind every other: no clock until it is known.
+        if not self._dhcp or not self._dhcp <= set(self.feeds):
+            return None
+        clock = min(self.feeds[f] for f in self._dhcp)
+        if self._last is not None and clock <= self._last:
+            return None
+        self._last = clock
+        return clock
+
+    def row_feeds(self) -> dict[str, datetime]:
+        """The released newest of each DHCP feed: the `feeds` column of a clock row."""
+        return {f: self.feeds[f] for f in sorted(self._dhcp) if f in self.feeds}
+
+
+def feed(source: str, sensor: str | None) -> str:
+    """The clock's name for one sensor of one source.
+
+    >>> feed("zeek", "gw-1")
+    'zeek/gw-1'
+    """
+    return f"{source}/{sensor or ''}"
+
+
+class ClockWriter:
+    """The file ETL's DHCP clock: `committed` after each micro-batch's commits, rows from a timer.
+
+    A timer, not the next micro-batch, releases what waited `hold_s`: when the sensors stop
+    sending (the quiet network the clock is for) there is no next micro-batch. Only the timer
+    thread writes, with an app id of its own and the clock's millisecond as the txn version (a
+    row per new clock value, none twice); a failed write is logged and the clock writes again when
+    it next moves. Rows follow only committed batches, so they never run ahead of silver_dhcp.
+    """
+
+    def __init__(self, lake: Lake, hold_s: float) -> None:
+        self.lake = lake
+        self.hold_s = hold_s
+        self._sink = lake.sink(DHCP_CLOCK, app_id=CLOCK_APP_ID)
+        self._clock: DhcpClock | None = None
+        self._spark: SparkSession | None = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def committed(self, spark: SparkSession, newest: dict[str, datetime], dhcp: set[str]) -> None:
+        """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`)."""
+        with self._lock:
+            if self._clock is None:
+                self._clock = resume(spark, self.lake, self.hold_s)
+            self._spark = spark
+            self._clock.observe(time.monotonic(), newest, dhcp)
+            self._schedule()
+
+    def close(self) -> None:
+        """Stop the timer, waiting for a write in progress (what still waited is not written)."""
+        with self._lock:
+            self._closed = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            if timer is not threading.current_thread():
+                timer.join(60)
+
+    def _schedule(self) -> None:
+        """Start the timer for the next release unless one is set (under the lock)."""
+        due = self._clock.next_due() if self._clock is not None else None
+        if due is None or self._closed or self._timer is not None:
+            return
+        self._timer = threading.Timer(max(0.0, due - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._closed or self._clock is None or self._spark is None:
+                return
+            moved, feeds, spark = self._clock.advance(time.monotonic()), self._clock.row_feeds(), self._spark
+        if moved is not None:
+            try:
+                row = spark.createDataFrame([(moved, feeds)], "clock timestamp, feeds map<string,timestamp>")
+                self._sink.write_batch(row.withColumn("written_at", F.current_timestamp()),
+                                       int(moved.timestamp() * 1000))
+            except Exception as exc:  # the clock only speeds attribution up: never fail the ETL for it
+                log.warning("dhcp_clock: could not write the clock at %s: %s", moved, error_summary(exc))
+        with self._lock:
+            self._timer = None
+            self._schedule()
+
+
+def resume(spark: SparkSession, lake: Lake, hold_s: float) -> DhcpClock:
+    """The ETL's clock as the newest row of `dhcp_clock` left it (a fresh one without a row)."""
+    if not lake.exists(DHCP_CLOCK):
+        return DhcpClock(hold_s)
+    last = lake.read(spark, DHCP_CLOCK).orderBy("clock", ascending=False).select("feeds").limit(1).collect()
+    return DhcpClock(hold_s, feeds=dict(last[0].feeds) if last else {})
+
+
+def read_clock(spark: SparkSession, lake: Lake, wait: str) -> DataFrame:
+    """The stream of clock rows as end-of-input marks (flush_at, ip, written_at): each at its clock
+    minus `wait`, addressed to no IP, for `with_marks` (the table is created if missing)."""
+    lake.ensure(spark, DHCP_CLOCK)
+    return read_stream(spark, lake.path(DHCP_CLOCK)).selectExpr(
+        f"clock - INTERVAL {wait} AS flush_at", "CAST(NULL AS STRING) AS ip", "written_at")
