@@ -121,3 +121,32 @@ def test_the_stream_etl_writes_the_clock_of_the_slowest_sensor_that_delivers_dhc
     sensors = lake.read(spark, "silver_dhcp").select("source", "sensor").distinct().collect()
     feeds = [r.feeds for r in lake.read(spark, DHCP_CLOCK).orderBy("clock").collect()]
     assert len(sensors) == 2 and set(feeds[-1]) == {f"{r.source}/{r.sensor}" for r in sensors}
+
+
+def test_a_dhcp_leases_checkpoint_from_before_the_clock_resumes_without_it(spark, tmp_path, caplog):
+    """A checkpoint of dhcp_leases started with the plan before the clock (two sources) cannot take
+    a third: it resumes with its own plan, says so, and is idle once caught up."""
+    from pipelines.end_of_input import read_marks
+    from pipelines.lake.source import read_stream
+    from pipelines.query import AVAILABLE_NOW, start_query
+    from pipelines.stages import idle
+
+    lake = Lake(Home.resolve(tmp_path).create())
+    commit(lake, "silver_dhcp", [dhcp("d1", at(8), MAC["A"], ["ACK"], assigned="10.1.0.10")])
+    for table in (attribution.LEASES, attribution.LATE_EVENTS):
+        lake.ensure(spark, table)
+    silver_dhcp = read_stream(spark, lake.path("silver_dhcp"))
+    old_plan = attribution.lease_segments(silver_dhcp, read_marks(spark, lake), SETTINGS)
+    writer = attribution.AttributionWriter(spark, lake, attribution.LEASES)
+    start_query(old_plan, attribution.LEASES, writer, lake.home.checkpoint(attribution.LEASES),
+                AVAILABLE_NOW).awaitTermination()
+    assert not attribution.clocked(lake)
+
+    commit(lake, "silver_dhcp", [dhcp("d2", at(9), MAC["B"], ["ACK"], assigned="10.1.0.20")])
+    stage = next(s for s in attribution.stages() if s.name == attribution.LEASES)
+    assert not idle(lake, stage), "a new silver_dhcp commit to read"
+    with caplog.at_level("WARNING", logger="seclake"):
+        reports = run_stages(spark, lake, SETTINGS, (), flush=False)
+    assert reports[attribution.LEASES].error is None
+    assert "predates the DHCP clock" in caplog.text
+    assert idle(lake, stage) and not attribution.clocked(lake)
