@@ -59,8 +59,8 @@ class DhcpClock:
     `observe` takes one micro-batch's newest event per feed (every kind of line) and the feeds
     that had DHCP lines in it; a feed's newest is *released* once `hold_s` seconds have passed
     since it was observed. `advance` returns the new clock (the lowest released newest over every
-    feed that ever delivered DHCP) when it moved, else None; `feeds` is what a clock row stores, so
-    that a restarted ETL resumes from the table (`DhcpClock(hold_s, feeds=...)`).
+    feed that ever delivered DHCP) when it moved, else None. `row_feeds()` is what a clock row
+    stores, so that a restarted ETL resumes from the table (`DhcpClock(hold_s, feeds=...)`).
 
     >>> t = datetime.fromisoformat
     >>> clock = DhcpClock(hold_s=30.0)
