@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import read_stream
 from pipelines.query import error_summary
+from pipelines.schemas import DHCP_CLOCK_SCHEMA
 
 log = logging.getLogger("seclake")
 
@@ -184,7 +185,7 @@ class ClockWriter:
             moved, feeds, spark = self._clock.advance(time.monotonic()), self._clock.row_feeds(), self._spark
         if moved is not None:
             try:
-                row = spark.createDataFrame([(moved, feeds)], "clock timestamp, feeds map<string,timestamp>")
+                row = spark.createDataFrame([(moved, feeds, None)], DHCP_CLOCK_SCHEMA)
                 self._sink.write_batch(row.withColumn("written_at", F.current_timestamp()),
                                        int(moved.timestamp() * 1000))
             except Exception as exc:  # the clock only speeds attribution up: never fail the ETL for it

@@ -327,11 +327,7 @@ def _bronze(parsed: DataFrame, source: str, ingest: dict) -> DataFrame:
 def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
     # Run-once needs no clock: its end-of-input mark passes everything (pipelines/dhcp_clock.py).
-    clocked = trigger != AVAILABLE_NOW
-    writer = EtlWriter(lake, rotation_skew=settings.rotation_skew if clocked else None)
-    if clocked:
-        # Before the query: its first clock row and dhcp_leases' start would otherwise race to create the table.
-        lake.ensure(spark, DHCP_CLOCK)
+    writer = EtlWriter(lake, rotation_skew=None if trigger == AVAILABLE_NOW else settings.rotation_skew)
     query = start_query(parse_files(landing_files(spark, lake, settings)), QUERY_NAME, writer,
                         lake.home.checkpoint(QUERY_NAME), trigger)
     return RunningQuery(QUERY_NAME, query, writer, (*etl_tables(), DHCP_CLOCK))

@@ -291,8 +291,8 @@ END_OF_INPUT_SCHEMA = StructType(_fields(
     ("written_at", TimestampType()),
 ))
 
-# The DHCP clock (pipelines/dhcp_clock.py): per ETL micro-batch in which it moved, the lowest
-# newest event over the feeds (source/sensor) that deliver DHCP, and each such feed's newest.
+# The DHCP clock (pipelines/dhcp_clock.py): a row each time it moves, the lowest newest event over
+# the feeds (source/sensor) that deliver DHCP, and each such feed's newest.
 DHCP_CLOCK_SCHEMA = StructType(_fields(
     ("clock", TimestampType()),
     ("feeds", MapType(StringType(), TimestampType())),
