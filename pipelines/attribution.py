@@ -53,7 +53,7 @@ from pipelines.query import (
     stateful_session,
 )
 from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
-from pipelines.settings import Settings
+from pipelines.settings import Settings, interval_seconds
 
 log = logging.getLogger("seclake")
 
@@ -389,7 +389,7 @@ def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings, clock:
     else:
         messages = with_marks(messages, clock, "event_time", settings.lease_watermark, marks_first=True)
     segments = messages.groupBy("ip").transformWithState(
-        LeaseProcessor(_millis(settings.lease_piece, "lease_piece"), _millis(settings.lease_cut, "lease_cut")),
+        LeaseProcessor(interval_seconds(settings.lease_piece) * 1000, interval_seconds(settings.lease_cut) * 1000),
         _SEGMENT_OUTPUT, outputMode="Append", timeMode="EventTime")
     return segments.select(
         "ip", "mac", "hostname",
@@ -468,7 +468,7 @@ def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, Data
     `start_enriched` calls it with the silver stream, the dhcp_leases stream, the marks stream and
     `load_devices` of the home's inventory.
     """
-    piece = F.expr(f"INTERVAL {_millis(settings.lease_piece, 'lease_piece')} MILLISECONDS")
+    piece = F.expr(f"INTERVAL {interval_seconds(settings.lease_piece) * 1000} MILLISECONDS")
     ev = (with_marks(events, marks[0], "event_time", settings.event_watermark)
           .withColumn("attributed_ip", attributed_ip(table)))
     ls = with_marks(leases, marks[1], "valid_from", settings.lease_piece).select(
@@ -516,21 +516,6 @@ def held_to_attribution(frame: DataFrame, marks: DataFrame, time_column: str, de
                         marks, time_column, "0 seconds")
     keep = F.when(F.col(time_column).isNotNull(), F.col(_FLOOR_COLUMN).isNull())
     return copies.unionByName(rows, allowMissingColumns=True).where(keep).drop(_FLOOR_COLUMN)
-
-
-def _millis(interval: str, setting: str) -> int:
-    """Milliseconds of a Spark interval string such as "2 hours"; ValueError names a bad one."""
-    units = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-    parts = interval.split()
-    try:
-        amount, unit = float(parts[0]), parts[1].lower().rstrip("s")
-        millis = int(amount * units[unit])
-    except (IndexError, ValueError, KeyError):
-        raise ValueError(f"setting {setting}={interval!r}: expected '<number> <unit>', unit one of "
-                         f"{', '.join(u + 's' for u in units)}") from None
-    if len(parts) != 2 or millis <= 0:
-        raise ValueError(f"setting {setting}={interval!r}: expected one positive '<number> <unit>'")
-    return millis
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,9 +34,8 @@ from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
 from pipelines.query import AVAILABLE_NOW, BatchStats, RunningQuery, Stage, start_query
-from pipelines.rules.spec import interval_seconds
 from pipelines.schemas import SILVER_SCHEMAS
-from pipelines.settings import Settings
+from pipelines.settings import Settings, interval_seconds
 
 QUERY_NAME = "etl"
 KAFKA_QUERY_NAME = "etl_kafka"

@@ -36,8 +36,9 @@ from pipelines.parsers import parse, split_lines, to_silver
 from pipelines.rules.alerts import alert_id
 from pipelines.rules.engine import rule_session
 from pipelines.rules.pack import load_rules
-from pipelines.rules.spec import REALTIME_TABLES, Rule, RuleError, interval_seconds
+from pipelines.rules.spec import REALTIME_TABLES, Rule, RuleError
 from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS
+from pipelines.settings import interval_seconds
 
 QUERY_NAME = "realtime_alerts"
 ALERTS_TOPIC = "seclake.alerts"

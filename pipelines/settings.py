@@ -1,9 +1,26 @@
 """Stream settings with their defaults and the reasons for them; one object passed to every job."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+INTERVAL = re.compile(r"(\d+) (second|minute|hour|day)s?")
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def interval_seconds(value: str) -> int:
+    """'10 minutes' -> 600; ValueError for anything that is not `<n> second|minute|hour|day[s]`,
+    n > 0: the form of the interval settings below and of a rule's `window` and `watermark`.
+
+    >>> interval_seconds("2 hours")
+    7200
+    """
+    match = INTERVAL.fullmatch(str(value).strip().lower())
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"{value!r} is not an interval like '10 minutes' (units: seconds, minutes, hours, days)")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,13 @@ class Settings:
     notify_max_attempts: int = 5
 
     def __post_init__(self) -> None:
+        for name in INTERVALS:  # named here, not in a query's plan or a batch minutes later
+            value = getattr(self, name)
+            try:
+                interval_seconds(value)
+            except ValueError:
+                raise ValueError(f"setting {name}={value!r}: not an interval like '10 minutes' "
+                                 "(units: seconds, minutes, hours, days)") from None
         if self.state_partitions < 1:  # Spark's own refusal would come at a query's start, naming its conf
             raise ValueError(f"setting state_partitions={self.state_partitions}: must be 1 or more")
         if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
@@ -130,6 +154,10 @@ class Settings:
         Traceback (most recent call last):
         ...
         ValueError: setting rules_niceness=20: must be 0 to 19
+        >>> Settings().with_overrides({"lease_piece": "a day"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: setting lease_piece='a day': not an interval like '10 minutes' (units: ...)
         """
         kinds = {f.name: type(getattr(self, f.name)) for f in fields(self)}
         unknown = sorted(set(overrides) - set(kinds))
@@ -143,6 +171,11 @@ class Settings:
             except ValueError:
                 raise ValueError(f"setting {name}={value!r}: not a number ({kind.__name__})") from None
         return replace(self, **converted)
+
+
+# The settings that are intervals, in `interval_seconds`' form (Spark takes them as they are too).
+INTERVALS: tuple[str, ...] = tuple(f.name for f in fields(Settings) if isinstance(f.default, str)
+                                   and INTERVAL.fullmatch(f.default))
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:

@@ -7,7 +7,8 @@ import pytest
 
 from pipelines.rules.limits import MAX_ALLOCATION, MAX_ALLOCATION_PRODUCT, MAX_SEQUENCE, regex_problem
 from pipelines.rules.pack import load_rules, scan_rules
-from pipelines.rules.spec import RuleError, interval_seconds, split_metadata, validate_rule
+from pipelines.rules.spec import RuleError, split_metadata, validate_rule
+from pipelines.settings import interval_seconds
 
 META = {
     "id": "11111111-2222-4333-8444-555555555555",

@@ -55,7 +55,7 @@ from pipelines.query import (
 from pipelines.rules.alerts import alert_frame, unseen
 from pipelines.rules.health import DISABLED, FAILING, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
-from pipelines.rules.spec import Rule, RuleError, interval_seconds, query_name
+from pipelines.rules.spec import Rule, RuleError, query_name
 from pipelines.rules.status import (
     RuleStatus,
     append_platform_alerts,
@@ -65,7 +65,7 @@ from pipelines.rules.status import (
     utc_now,
 )
 from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE, lookup_view, table_path
-from pipelines.settings import Settings
+from pipelines.settings import Settings, interval_seconds
 from pipelines.triage.suppressions import mark
 
 log = logging.getLogger("seclake.rules")

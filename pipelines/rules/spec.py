@@ -24,6 +24,7 @@ from sqlglot.errors import SqlglotError
 from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, LOOKUP_TABLES, readable_tables, table_schema
 from pipelines.sandbox import SandboxError, check_escapes, function_names
+from pipelines.settings import interval_seconds
 
 # Every rule returns these columns (more are allowed: they are stored as JSON in `details`).
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -32,8 +33,6 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 SEVERITIES: tuple[str, ...] = ("low", "medium", "high", "critical")
 MITRE_ID = re.compile(r"T\d{4}(\.\d{3})?")
 SLUG = re.compile(r"[a-z][a-z0-9_]*")
-INTERVAL = re.compile(r"(\d+) (second|minute|hour|day)s?")
-_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 REQUIRED_METADATA: tuple[str, ...] = (
     "id", "name", "version", "severity", "mitre", "description", "false_positives",
@@ -139,18 +138,6 @@ def query_name(slug: str) -> str:
     'rule_odd_name_v2'
     """
     return "rule_" + re.sub(r"[^A-Za-z0-9_]", "_", slug)
-
-
-def interval_seconds(value: str) -> int:
-    """'10 minutes' -> 600; ValueError for anything that is not `<n> second|minute|hour|day[s]`.
-
-    >>> interval_seconds("2 hours")
-    7200
-    """
-    match = INTERVAL.fullmatch(str(value).strip().lower())
-    if not match or int(match.group(1)) == 0:
-        raise ValueError(f"{value!r} is not an interval like '10 minutes' (units: seconds, minutes, hours, days)")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def validate_rule(source: str | os.PathLike, *, slug: str | None = None) -> Rule:

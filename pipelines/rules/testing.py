@@ -38,9 +38,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, DateType, StructType, TimestampType
 
 from pipelines.rules.backtest import collect_alerts, run_batch
-from pipelines.rules.spec import Rule, RuleError, interval_seconds
+from pipelines.rules.spec import Rule, RuleError
 from pipelines.rules.tables import table_schema
 from pipelines.schemas import ALERTS_SCHEMA
+from pipelines.settings import interval_seconds
 
 _INDEX = re.compile(r"\{i(?::([^}]*))?\}")
 
