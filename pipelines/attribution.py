@@ -39,7 +39,7 @@ from pipelines.checkpoint import newest, read_batch
 from pipelines.dhcp_clock import DHCP_CLOCK, read_clock
 from pipelines.end_of_input import END_OF_INPUT, mark_input, read_marks, with_marks
 from pipelines.lake.registry import Lake
-from pipelines.lake.source import caught_up, check_resumable, read_stream
+from pipelines.lake.source import check_resumable, read_stream
 from pipelines.query import (
     AVAILABLE_NOW,
     BatchStats,
@@ -627,13 +627,6 @@ def clocked(lake: Lake) -> bool:
     return last is None or len(read_batch(checkpoint, last).offsets) != len(_OLD_LEASE_READS)
 
 
-def _leases_idle(lake: Lake) -> bool:
-    """`stages.idle` for dhcp_leases, over the tables its checkpoint reads (`clocked`)."""
-    reads = (DHCP_CLOCK, *_OLD_LEASE_READS) if clocked(lake) else _OLD_LEASE_READS
-    return all(lake.exists(t) for t in reads) and caught_up(lake.home.checkpoint(LEASES),
-                                                            [lake.path(t) for t in reads])
-
-
 def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict, *, table: str) -> RunningQuery:
     """Start the query writing `table` (enriched_conn, enriched_dns or enriched_ids_alerts).
 
@@ -683,8 +676,7 @@ def stages() -> list[Stage]:
     """
     return [Stage(END_OF_INPUT, reads=tuple(SILVER_SCHEMAS), writes=(END_OF_INPUT,), start=start_end_of_input,
                   idle=partial(end_of_input.idle, tables=tuple(SILVER_SCHEMAS))),
-            Stage(LEASES, reads=(DHCP_CLOCK, *_OLD_LEASE_READS), writes=(LEASES, LATE_EVENTS), start=start_leases,
-                  idle=_leases_idle),
+            Stage(LEASES, reads=(DHCP_CLOCK, *_OLD_LEASE_READS), writes=(LEASES, LATE_EVENTS), start=start_leases),
             *(Stage(table, reads=(events, LEASES, END_OF_INPUT), writes=(table, LATE_EVENTS),
                     start=partial(start_enriched, table=table))
               for table, events in ENRICHED_INPUTS.items())]

@@ -151,8 +151,9 @@ def idle(lake: Lake, stage: Stage) -> bool:
     """
     if stage.idle is not None:
         return stage.idle(lake)
-    return bool(stage.reads) and all(lake.exists(t) for t in stage.reads) and caught_up(
-        lake.home.checkpoint(stage.checkpoint_name), [lake.path(t) for t in stage.reads])
+    # A table that does not exist yet is one its checkpoint cannot have read: then not caught up.
+    return bool(stage.reads) and caught_up(lake.home.checkpoint(stage.checkpoint_name),
+                                           [lake.path(t) for t in stage.reads if lake.exists(t)])
 
 
 class StageError(RuntimeError):

@@ -134,9 +134,14 @@ def check_resumable(checkpoint: str | os.PathLike) -> None:
 
 
 def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) -> bool:
-    """True when the query of `checkpoint`, which streams from the Delta `tables`, has read every
-    commit they hold and committed its last batch with nothing left to do: running it now would
-    process nothing. Anything else, or anything unexpected, is False (run the query).
+    """True when the query of `checkpoint`, which streams from Delta tables among `tables`, has read
+    every commit of each table its last batch read and committed that batch with nothing left to
+    do: running it now would process nothing. Anything else, or anything unexpected, is False (run
+    the query).
+
+    The checkpoint says which tables it reads (each Delta offset names its table's id), so a plan
+    made before a stage read one more table (dhcp_leases before the DHCP clock) is judged by the
+    tables it does read; a table it reads that is not in `tables` makes it False.
 
     Reads the checkpoint's last offsets and commit files and each table's log (delta-rs, no JVM).
     Delta's offset after a whole version v is (reservoirVersion v + 1, index -1). A stateful query
@@ -161,11 +166,12 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
         # A table read by two sources (a rule's enriched input) is caught up only when both are.
         if by_table.setdefault(position.get("reservoirId"), position) != position:
             return False
-    if None in by_table or len(by_table) != len(tables):
-        return False
+    versions = {}
     for path in tables:
         table = open_log(path)
-        position = by_table.get(table.metadata().id)
-        if position is None or position.get("index") != -1 or position.get("reservoirVersion", -1) <= table.version():
+        versions[table.metadata().id] = table.version()
+    for reservoir, position in by_table.items():
+        if reservoir not in versions or position.get("index") != -1 \
+                or position.get("reservoirVersion", -1) <= versions[reservoir]:
             return False
-    return True
+    return bool(by_table)
