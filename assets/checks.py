@@ -7,18 +7,23 @@
   quarantined / (good + quarantined) lines per source over recently ingested lines must stay
   under `max_ratio` (default 5%, `$SECLAKE_MAX_QUARANTINE_RATIO`). Blocking: when it fails,
   nothing downstream of that table (leases, enriched tables, rules, alerts) runs in that run.
+  One op evaluates it for every such table (the sources' lines are counted once).
 
 GE is imported when a check runs, not when the code location loads (it takes seconds).
 """
+
+from collections.abc import Iterator
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetCheckSpec,
     Config,
     MetadataValue,
     asset_check,
+    multi_asset_check,
 )
 from pydantic import Field
 
@@ -31,6 +36,7 @@ from pipelines.query import Stage
 from pipelines.stages import own_tables
 
 QUALITY_LAYERS = ("silver", "enriched")
+QUARANTINE_RATIO = "quarantine_ratio"
 
 
 def _default_max_ratio() -> float:
@@ -88,29 +94,39 @@ def expectations_check(table: str) -> AssetChecksDefinition:
     return _check
 
 
-def quarantine_ratio_check(table: str) -> AssetChecksDefinition:
-    """The blocking `quarantine_ratio` check of a silver table, over the sources that feed it."""
-    sources = tuple(sorted({source for source, _ in silver_feeds(table)}))
+def quarantine_ratio_checks(tables: list[str]) -> AssetChecksDefinition:
+    """The blocking `quarantine_ratio` check of each silver table in `tables`, over the sources that
+    feed it: one op (`quarantine_ratio`) that counts every source's lines once, in one Spark job."""
+    feeds = {table: tuple(sorted({source for source, _ in silver_feeds(table)})) for table in tables}
+    specs = [AssetCheckSpec(QUARANTINE_RATIO, asset=table_key(table), blocking=True,
+                            description=f"quarantined / (good + quarantined) lines of {', '.join(sources)} under "
+                                        "the limit; blocks everything downstream when exceeded")
+             for table, sources in feeds.items()]
 
-    @asset_check(asset=table_key(table), name="quarantine_ratio", blocking=True,
-                 description=f"quarantined / (good + quarantined) lines of {', '.join(sources)} under the limit; "
-                             "blocks everything downstream when exceeded")
+    @multi_asset_check(name=QUARANTINE_RATIO, specs=specs, can_subset=True,
+                       description="quarantined / (good + quarantined) lines per source under the limit")
     def _check(context: AssetCheckExecutionContext, config: QuarantineRatioConfig, spark: SparkResource,
-               lake: LakeResource) -> AssetCheckResult:
+               lake: LakeResource) -> Iterator[AssetCheckResult]:
         from assets import quality
 
-        counts = quality.quarantine_counts(spark.session, lake.lake, sources, window_hours=config.window_hours)
-        outcome = quality.validate_quarantine_ratio(counts, config.max_ratio)
-        context.log.info(outcome.describe())
-        meta = _result_metadata(outcome)
-        meta.update({
-            "max_ratio": config.max_ratio,
-            "window_hours": config.window_hours if config.window_hours is not None else "all",
-            "counts": MetadataValue.md(_markdown(counts)),
-            "max_observed_ratio": float(counts["ratio"].max()) if len(counts) else 0.0,
-        })
-        return AssetCheckResult(passed=outcome.success, severity=AssetCheckSeverity.ERROR,
-                                description=_describe(outcome.describe()), metadata=meta)
+        chosen = {key.asset_key: key for key in context.selected_asset_check_keys}
+        wanted = {table: sources for table, sources in feeds.items() if table_key(table) in chosen}
+        every = sorted({source for sources in wanted.values() for source in sources})
+        counts = quality.quarantine_counts(spark.session, lake.lake, every, window_hours=config.window_hours)
+        for table, sources in wanted.items():
+            mine = counts[counts["source"].isin(sources)].reset_index(drop=True)
+            outcome = quality.validate_quarantine_ratio(mine, config.max_ratio)
+            context.log.info(f"{table}: {outcome.describe()}")
+            meta = _result_metadata(outcome)
+            meta.update({
+                "max_ratio": config.max_ratio,
+                "window_hours": config.window_hours if config.window_hours is not None else "all",
+                "counts": MetadataValue.md(_markdown(mine)),
+                "max_observed_ratio": float(mine["ratio"].max()) if len(mine) else 0.0,
+            })
+            yield AssetCheckResult(asset_key=table_key(table), check_name=QUARANTINE_RATIO, passed=outcome.success,
+                                   severity=AssetCheckSeverity.ERROR, description=_describe(outcome.describe()),
+                                   metadata=meta)
 
     return _check
 
@@ -126,6 +142,7 @@ def quality_checks(stages: list[Stage]) -> list[AssetChecksDefinition]:
     """`expectations` on silver/enriched tables; `quarantine_ratio` on the silver tables that sources
     feed, of quarantining stages (not the ETL's `dhcp_clock`: no line of it is ever quarantined)."""
     checks = []
+    quarantined = []
     for stage in stages:
         quarantines = "quarantine" in stage.writes
         for table in own_tables(stage, stages):
@@ -133,5 +150,7 @@ def quality_checks(stages: list[Stage]) -> list[AssetChecksDefinition]:
             if layer in QUALITY_LAYERS:
                 checks.append(expectations_check(table))
             if quarantines and layer == "silver" and silver_feeds(table):
-                checks.append(quarantine_ratio_check(table))
+                quarantined.append(table)
+    if quarantined:
+        checks.append(quarantine_ratio_checks(quarantined))
     return checks

@@ -19,6 +19,7 @@ ingested lines) is validated by a GE suite too, on a small frame of per-source c
 """
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -285,19 +286,22 @@ def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tupl
     def recent(df: DataFrame) -> DataFrame:
         return df.where(F.col("ingest_time") >= F.lit(since)) if since is not None else df
 
-    good = {s: 0 for s in sources}
-    for source in sources:
-        table = get_source(source).bronze_table
+    # One Spark job for every source: each bronze table's good lines and the quarantine's lines, unioned.
+    parts = []
+    for table in sorted({get_source(source).bronze_table for source in sources}):
         if lake.exists(table):
-            df = recent(lake.read(spark, table))
-            if "parse_ok" in df.columns:
-                df = df.where(F.col("parse_ok"))
-            good[source] = df.count()
-    bad = {s: 0 for s in sources}
+            df = recent(lake.read(spark, table)).where(F.col("source").isin(list(sources)))
+            ok = F.col("parse_ok") if "parse_ok" in df.columns else F.lit(True)
+            parts.append(df.select("source", ok.cast("int").alias("good"), F.lit(0).alias("bad")))
     if lake.exists("quarantine"):
-        for row in recent(lake.read(spark, "quarantine")).where(F.col("source").isin(list(sources))) \
-                .groupBy("source").count().collect():
-            bad[row["source"]] = row["count"]
+        parts.append(recent(lake.read(spark, "quarantine")).where(F.col("source").isin(list(sources)))
+                     .select("source", F.lit(0).alias("good"), F.lit(1).alias("bad")))
+    good = {s: 0 for s in sources}
+    bad = {s: 0 for s in sources}
+    if parts:
+        union = functools.reduce(DataFrame.unionByName, parts)
+        for row in union.groupBy("source").agg(F.sum("good").alias("good"), F.sum("bad").alias("bad")).collect():
+            good[row["source"]], bad[row["source"]] = int(row["good"]), int(row["bad"])
     frame = pd.DataFrame({"source": list(sources), "good": [good[s] for s in sources],
                           "quarantined": [bad[s] for s in sources]})
     total = frame["good"] + frame["quarantined"]

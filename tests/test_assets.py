@@ -405,7 +405,7 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     # under the threshold (configurable) the downstream stage runs
     defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake,
                              resources=resources(tmp_path / "home2"))
-    config = {"ops": {"silver__conn_quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
+    config = {"ops": {"quarantine_ratio": {"config": {"max_ratio": 0.5}}}}
     ok = defs.resolve_job_def("run_once_job").execute_in_process(
         run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=False)
     assert check_results(ok)["silver/conn:quarantine_ratio"].passed
