@@ -311,6 +311,21 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
     assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
 
 
+def test_new_tables_keep_statistics_on_their_time_columns_only(spark, tmp_path):
+    # Made by create_empty (the registry's tables) or by a sink's first append (the ETL's): the same.
+    ensured, appended = tmp_path / "ensured", tmp_path / "appended"
+    create_empty(spark, ensured, ALL_TYPES, ["event_date"])
+    for table in (ensured, appended):
+        _sink(table).write_batch(_frame(spark, 3), 0)
+        actions = _log_actions(table, _latest_version(spark, table))
+        files = [json.loads(a["add"]["stats"]) for a in actions if "add" in a]
+        assert sum(f["numRecords"] for f in files) == 3
+        assert all(set(f["minValues"]) == set(f["maxValues"]) == {"event_time"} for f in files)
+        assert summary(table).rows == 3  # delta-rs's count, from the statistics
+        assert newest_in_stats(table, "event_time") == dt.datetime(2026, 11, 20, 23, 59, 2, 123000,
+                                                                    tzinfo=dt.timezone.utc)
+
+
 def test_newest_in_stats_reads_the_log_and_names_a_file_without_statistics(spark, tmp_path):
     table = str(tmp_path / "t")
     spark.sql("SELECT timestamp'2026-11-20 10:00:00.123456' AS t, 1 AS n").write.format("delta").save(table)

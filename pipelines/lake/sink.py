@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DateType, StructType, TimestampNTZType, TimestampType
 
 from pipelines.lake.jvm import gateway, scala_object, scala_seq
 from pipelines.lake.log import commit_versions
@@ -85,19 +85,21 @@ class DeltaSink:
         tag = f"{self.app_id}:{batch_id}:{uuid.uuid4().hex}"
         txn = _transaction(spark, self.uri)
         if txn is None or not _same_columns(txn, df.schema):
-            return self._write_evolving(df, batch_id, tag)
+            return self._write_evolving(df, batch_id, tag, creates=txn is None)
         if batch_id <= _committed_batch(spark, txn, self.app_id):
             return self._skip(df, batch_id)
         with delta_errors(self.name):
             version, rows = _append(spark, txn, df, self.app_id, batch_id, tag, self.partition_by)
         return CommitResult(self.name, batch_id, version, rows)
 
-    def _write_evolving(self, df: DataFrame, batch_id: int, tag: str) -> CommitResult:
-        """The append through Delta's DataFrame writer: creates the table, evolves its schema
-        (mergeSchema) or names the column Delta refused; slower (`_committed_batch` says why)."""
+    def _write_evolving(self, df: DataFrame, batch_id: int, tag: str, *, creates: bool) -> CommitResult:
+        """The append through Delta's DataFrame writer: creates the table (`creates`), evolves its
+        schema (mergeSchema) or names the column Delta refused; slower (`_committed_batch` says why)."""
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.app_id).option("txnVersion", batch_id)
                   .option("mergeSchema", "true").option("userMetadata", tag))
+        if creates:
+            writer = writer.options(**stats_properties(df.schema, self.partition_by))
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         with delta_errors(self.name):
@@ -206,6 +208,27 @@ def _find_commit(spark: SparkSession, uri: str, tag: str) -> tuple[int, int] | N
     return None
 
 
+def stats_properties(schema: StructType, partition_by: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The statistics a new table collects: min/max/null counts on its time columns only (numRecords always).
+
+    Delta's default is the first 32 columns. On these tables only time columns set one file apart
+    from another: rows land in time order, while every file spans most hosts, ports and hashed ids.
+    They are also what reads by statistics use (the ETL's de-duplication, the end-of-input marks,
+    the quarantine check's window). The other columns cost a quarter of a streaming append
+    (docs/performance.md, "Table layer"); a table without a time column keeps the row count only.
+
+    >>> stats_properties(StructType.fromDDL("event_id STRING, event_time TIMESTAMP, event_date DATE"), ["event_date"])
+    {'delta.dataSkippingStatsColumns': 'event_time'}
+    >>> stats_properties(StructType.fromDDL("rule STRING"), [])
+    {'delta.dataSkippingNumIndexedCols': '0'}
+    """
+    times = [f.name for f in schema.fields
+             if isinstance(f.dataType, (TimestampType, TimestampNTZType, DateType)) and f.name not in partition_by]
+    if not times:
+        return {"delta.dataSkippingNumIndexedCols": "0"}
+    return {"delta.dataSkippingStatsColumns": ",".join(times)}
+
+
 def create_empty(spark: SparkSession, path: str | os.PathLike, schema: StructType, partition_by: list[str],
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> bool:
     """Create an empty Delta table at `path` unless one exists; True if this call created it.
@@ -229,7 +252,8 @@ def create_empty(spark: SparkSession, path: str | os.PathLike, schema: StructTyp
     # An empty write, not DeltaTable.createIfNotExists: with spark.sql.runSQLOnFiles=false the
     # builder commits version 0 and then fails registering `delta.<path>` in the catalog.
     writer = (spark.createDataFrame([], as_nullable(schema)).write.format("delta").mode("errorifexists")
-              .option("delta.checkpointInterval", str(checkpoint_interval)))
+              .option("delta.checkpointInterval", str(checkpoint_interval))
+              .options(**stats_properties(schema, partition_by)))
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     try:
