@@ -109,7 +109,7 @@ def quarantine_ratio_checks(tables: list[str]) -> AssetChecksDefinition:
                lake: LakeResource) -> Iterator[AssetCheckResult]:
         from assets import quality
 
-        chosen = {key.asset_key: key for key in context.selected_asset_check_keys}
+        chosen = {key.asset_key for key in context.selected_asset_check_keys}
         wanted = {table: sources for table, sources in feeds.items() if table_key(table) in chosen}
         every = sorted({source for sources in wanted.values() for source in sources})
         counts = quality.quarantine_counts(spark.session, lake.lake, every, window_hours=config.window_hours)

@@ -214,7 +214,7 @@ def stats_properties(schema: StructType, partition_by: list[str] | tuple[str, ..
     Delta's default is the first 32 columns. On these tables only time columns set one file apart
     from another: rows land in time order, while every file spans most hosts, ports and hashed ids.
     They are also what reads by statistics use (the ETL's de-duplication, the end-of-input marks,
-    the quarantine check's window). The other columns cost about a fifth of an append
+    the quarantine check's window). The other columns cost 10-23% of an append
     (docs/performance.md, "Table layer"); a table without a time column keeps the row count only.
 
     >>> stats_properties(StructType.fromDDL("event_id STRING, event_time TIMESTAMP, event_date DATE"), ["event_date"])
