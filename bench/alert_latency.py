@@ -22,8 +22,8 @@ p50/p95/max:
 - floor: probe file -> its row committed by the floor query (trigger wait + one minimal batch);
 - landing -> silver: a landing file -> the last silver table holding its rows committed;
 - landing -> enriched: per enriched row of a feed file, the file's landing -> the row's commit
-  (mostly the wait for attribution: a lease cut and `lease_watermark` of event time, shortened
-  `--speed` times);
+  (mostly the wait for attribution: the DHCP clock's move after the ETL's batch, then a lease cut
+  and `dhcp_log_delay` of event time, shortened `--speed` times);
 - per-event rules (a rule whose query has no count threshold, i.e. no `HAVING` and no
   `>= n` in its SQL: high_severity_ids_alert, unknown_device and the two threat-intel rules):
   from the landing of the event's line to the alert row's first commit. The event is the alert's `first_seen` as first

@@ -598,7 +598,7 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     # that split a commit would make the later files' rows look late (and a run-once's end-of-input
     # mark, read whole in the first micro-batch, would come before the rest of the data).
     session = stateful_session(spark, settings)
-    clock = read_clock(session, lake, settings.lease_watermark) if clocked(lake) else None
+    clock = read_clock(session, lake, settings.dhcp_log_delay) if clocked(lake) else None
     if clock is None:
         log.warning("dhcp_leases: its checkpoint predates the DHCP clock, so in a stream a lease piece waits "
                     "for a newer DHCP line; start it afresh to use the clock (docs/attribution.md)")

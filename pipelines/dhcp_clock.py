@@ -6,15 +6,17 @@ newer data, so on a quiet network, where a DHCP line comes every few minutes or 
 would wait in `seclake stream` for the next DHCP line, however long that is.
 
 A sensor writes its DHCP log beside its connection and DNS logs (Zeek rotates them together;
-Suricata writes one EVE file), so once a sensor's other lines reach time T its DHCP lines before
-T - `lease_watermark` have been delivered too: the same bound the watermark already puts on DHCP
-lines out of order. The ETL keeps, per *feed* (source/sensor) that has delivered DHCP, the newest
+Suricata writes one EVE file), and writes a DHCP line at most `dhcp_log_delay` after its time
+(Zeek logs a transaction within `DHCP::max_txid_watch_time`, 30 s, of its first message), so once
+a sensor's other lines reach time T its DHCP lines before T - `dhcp_log_delay` have been delivered
+too. The ETL keeps, per *feed* (source/sensor) that has delivered DHCP, the newest
 event it has seen from it, and appends to the `dhcp_clock` table the lowest of them whenever it
 moves (`DhcpClock`, `ClockWriter`): a slow sensor holds the clock back, a fast one without DHCP (an EVE
 stream of flows only) never moves it. dhcp_leases reads that table as one more stream, in its
 plan *before* silver_dhcp, and takes each clock row into its watermark like an end-of-input mark
-(`pipelines.end_of_input.with_marks`): its watermark is the later of the newest DHCP line and
-the clock, each minus `lease_watermark`.
+(`pipelines.end_of_input.with_marks`): its watermark is the later of the newest DHCP line minus
+`lease_watermark` and the clock minus `dhcp_log_delay`. So with a clock an event waits for its
+sensor's other logs to pass it by `dhcp_log_delay`, not by the lease watermark.
 
 Why the order is safe: a micro-batch counts for the clock only once all its commits are done, so
 a clock row is committed after the silver_dhcp commit of every batch it covers, and Spark asks a
@@ -24,7 +26,7 @@ ETL batches are covered by `rotation_skew`: a feed's newest event moves the cloc
 (wall time) after the ETL committed it (`ClockWriter`: a timer writes the rows).
 
 What it cannot know: a sensor's DHCP file delivered more than `rotation_skew` after its other
-logs, or more than `lease_watermark` behind them in event time, is late (dropped by dhcp_leases,
+logs, or more than `dhcp_log_delay` behind them in event time, is late (dropped by dhcp_leases,
 counted in `late_events`, kept in silver; a re-run of its time range picks it up), and a line
 with a bogus future time moves its feed's clock as it already moves a watermark. Run-once does
 not need the clock (its end-of-input mark passes everything) and writes none (a row from an

@@ -59,6 +59,12 @@ class Settings:
     # this long after the ETL committed it. A DHCP file landing later than that behind its sensor's
     # other logs may come out late. Short, because it adds to every quiet-network attribution.
     rotation_skew: str = "10 seconds"
+    # How long after its time a sensor may write a DHCP line: Zeek logs a transaction once its
+    # messages are in, at most DHCP::max_txid_watch_time (30 s) after the first; Suricata at once.
+    # So once a sensor's other lines reach T, its DHCP lines before T minus this have arrived: the
+    # DHCP clock moves dhcp_leases' watermark to there (pipelines/dhcp_clock.py). It, not the lease
+    # watermark, is an event's wait for attribution in a stream with a clock.
+    dhcp_log_delay: str = "30 seconds"
     # No dhcp_leases row is longer than this: it bounds the enriched joins' time condition and lease
     # state, and a renewal seen without its ACK is taken as held this far back (one row).
     lease_piece: str = "10 minutes"

@@ -54,7 +54,7 @@ def test_a_quiet_network_is_attributed_once_the_clock_passes(spark, tmp_path):
     A DHCP line older than the watermark the clock moved, committed after, is late and counted."""
     lake = Lake(Home.resolve(tmp_path).create())
     commit(lake, "silver_dhcp", [dhcp("d1", at(8), MAC["A"], ["ACK"], assigned="10.1.0.10", lease=86400.0)])
-    commit(lake, "silver_conn", [event("c1", at(8, 10), "10.1.0.10"), event("c2", at(8, 40), "10.1.0.10")])
+    commit(lake, "silver_conn", [event("c1", at(8, 27), "10.1.0.10"), event("c2", at(8, 40), "10.1.0.10")])
     run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=False)
     assert attributed(spark, lake, "enriched_conn") == {}, "without the clock the events wait"
 
@@ -62,7 +62,8 @@ def test_a_quiet_network_is_attributed_once_the_clock_passes(spark, tmp_path):
     (spark.createDataFrame([(clock, {"zeek/gw": clock}, clock)], DHCP_CLOCK_SCHEMA)
      .write.format("delta").mode("append").save(str(lake.path(DHCP_CLOCK))))
     run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=False)
-    # The lease watermark is the clock minus lease_watermark (08:25): c1 is out, c2 still waits.
+    # The watermark is the clock minus dhcp_log_delay (08:29:30), not minus the lease watermark (08:25):
+    # c1, 3 minutes before the clock, is out; c2 still waits.
     assert attributed(spark, lake, "enriched_conn") == {"c1": MAC["A"]}
 
     commit(lake, "silver_dhcp", [dhcp("d2", at(8, 15), MAC["B"], ["ACK"], assigned="10.1.0.99")])
