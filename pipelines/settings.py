@@ -100,13 +100,13 @@ class Settings:
     # on a 3-hour home (2 cores, warm JVM): one at a time 66-78 s, 4 at once 34 s, all 12 at once 39-53 s.
     stages_at_once: int = 4
     # `seclake stream` runs its rules' application (a child process) this much nicer than itself
-    # (0-19, Linux niceness): on 2 cores the rules' fixed cost per micro-batch took CPU the ETL
-    # and the joins needed, and the rules sit at the end of the path anyway (a rule that waits
-    # takes the commits it missed in one batch). But nicer still starves the alerts themselves:
-    # `bench/alert_latency.py --quick` (2026-11-29): at 10 no alert within the run (3 runs, landing ->
-    # silver p95 27.7-32.5 s); at 5 the per-event alert in 103.7 s (p95 35.6 s); at 0 in 89.6 and
-    # 92.2 s (p95 43.0, 44.6 s) (docs/performance.md).
-    rules_niceness: int = 5
+    # (0-19, Linux niceness). Nicer gives the ETL and the joins the CPU first, but the rules are the
+    # last step of the alert path: `bench/alert_latency.py --quick` (2026-11-29), at 10 no alert
+    # within the run (3 runs); with the DHCP clock minus dhcp_log_delay, at 5 the IDS alert's rule
+    # batch took 50-57 s after its enriched commit (per-event p95 101 and 111 s, threshold 62 and
+    # 69 s, landing -> silver p95 38-40 s), at 0 22-23 s (72 and 85 s, 61 and 64 s, 46-50 s): the
+    # alerts sooner, silver later (docs/performance.md).
+    rules_niceness: int = 0
     # Delta writes a log checkpoint every N commits (delta.checkpointInterval) so opening a table stays flat.
     checkpoint_interval: int = 100
     # `seclake maintain`: VACUUM keeps files younger than this. Delta's default (7 days) and its
