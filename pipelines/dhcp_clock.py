@@ -7,7 +7,8 @@ would wait in `seclake stream` for the next DHCP line, however long that is.
 
 A sensor writes its DHCP log beside its connection and DNS logs (Zeek rotates them together;
 Suricata writes one EVE file), and writes a DHCP line at most `dhcp_log_delay` after its time
-(Zeek logs a transaction within `DHCP::max_txid_watch_time`, 30 s, of its first message), so once
+(Zeek writes a transaction within 35 s of its first message: `DHCP::max_txid_watch_time`, 30 s,
+looked at every 5 s), so once
 a sensor's other lines reach time T its DHCP lines before T - `dhcp_log_delay` have been delivered
 too. The ETL keeps, per *feed* (source/sensor) that has delivered DHCP, the newest
 event it has seen from it, and appends to the `dhcp_clock` table the lowest of them whenever it

@@ -50,8 +50,8 @@ class Settings:
     # one sensor arrive in order, sensors and file rotations skew by minutes. Later ones are late
     # (counted in late_events, kept in silver).
     event_watermark: str = "10 minutes"
-    # The same for DHCP messages. A lease piece is final once this watermark passes its end, so
-    # this is also most of the wait before an event is attributed.
+    # The same for DHCP messages. A lease piece is final once the watermark passes its end, so
+    # without a DHCP clock (below) this is also most of the wait before an event is attributed.
     lease_watermark: str = "5 minutes"
     # The log files of one rotation of a sensor (Zeek's conn, dns and dhcp logs, moved by one
     # shipper run) land within this much wall time of each other, so they may fall in consecutive
@@ -59,17 +59,19 @@ class Settings:
     # this long after the ETL committed it. A DHCP file landing later than that behind its sensor's
     # other logs may come out late. Short, because it adds to every quiet-network attribution.
     rotation_skew: str = "10 seconds"
-    # How long after its time a sensor may write a DHCP line: Zeek logs a transaction once its
-    # messages are in, at most DHCP::max_txid_watch_time (30 s) after the first; Suricata at once.
+    # How long after its time a sensor may write a DHCP line: Zeek writes a transaction 5 s after
+    # its last message, or once DHCP::max_txid_watch_time (30 s) after its first has passed, looked
+    # at every 5 s (its dhcp/main.zeek): within 35 s. Suricata writes each message at once.
     # So once a sensor's other lines reach T, its DHCP lines before T minus this have arrived: the
     # DHCP clock moves dhcp_leases' watermark to there (pipelines/dhcp_clock.py). It, not the lease
     # watermark, is an event's wait for attribution in a stream with a clock.
-    dhcp_log_delay: str = "30 seconds"
+    dhcp_log_delay: str = "35 seconds"
     # No dhcp_leases row is longer than this: it bounds the enriched joins' time condition and lease
     # state, and a renewal seen without its ACK is taken as held this far back (one row).
     lease_piece: str = "10 minutes"
     # A held lease is cut at the watermark once this much of it is not out (at most lease_piece): an
-    # event is attributed once the row holding it is out, a cut and the lease watermark after it.
+    # event is attributed once the row holding it is out, up to a cut and the lease watermark (with a
+    # DHCP clock, dhcp_log_delay) after it.
     # Pieces alone made that 5 to 15 minutes; 1 minute makes it 5 to 6, for up to 1,440 rows a day
     # per held IP in a stream instead of 144 (a run-once's one big step still makes 144).
     lease_cut: str = "1 minute"
