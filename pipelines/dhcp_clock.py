@@ -8,12 +8,11 @@ would wait in `seclake stream` for the next DHCP line, however long that is.
 A sensor writes its DHCP log beside its connection and DNS logs (Zeek rotates them together;
 Suricata writes one EVE file), and writes a DHCP line at most `dhcp_log_delay` after its time
 (Zeek writes a transaction within 35 s of its first message: `DHCP::max_txid_watch_time`, 30 s,
-looked at every 5 s), so once
-a sensor's other lines reach time T its DHCP lines before T - `dhcp_log_delay` have been delivered
-too. The ETL keeps, per *feed* (source/sensor) that has delivered DHCP, the newest
-event it has seen from it, and appends to the `dhcp_clock` table the lowest of them whenever it
-moves (`DhcpClock`, `ClockWriter`): a slow sensor holds the clock back, a fast one without DHCP (an EVE
-stream of flows only) never moves it. dhcp_leases reads that table as one more stream, in its
+looked at every 5 s), so once a sensor's other lines reach time T its DHCP lines before
+T - `dhcp_log_delay` have been delivered too. The ETL keeps, per *feed* (source/sensor) that has
+delivered DHCP, the newest event it has seen from it, and appends to the `dhcp_clock` table the
+lowest of them whenever it moves (`DhcpClock`, `ClockWriter`): a slow sensor holds the clock back,
+a fast one without DHCP (an EVE stream of flows only) never moves it. dhcp_leases reads that table as one more stream, in its
 plan *before* silver_dhcp, and takes each clock row into its watermark like an end-of-input mark
 (`pipelines.end_of_input.with_marks`): its watermark is the later of the newest DHCP line minus
 `lease_watermark` and the clock minus `dhcp_log_delay`. So with a clock an event waits for its

@@ -62,7 +62,7 @@ def test_a_quiet_network_is_attributed_once_the_clock_passes(spark, tmp_path):
     (spark.createDataFrame([(clock, {"zeek/gw": clock}, clock)], DHCP_CLOCK_SCHEMA)
      .write.format("delta").mode("append").save(str(lake.path(DHCP_CLOCK))))
     run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=False)
-    # The watermark is the clock minus dhcp_log_delay (08:29:30), not minus the lease watermark (08:25):
+    # The watermark is the clock minus dhcp_log_delay (08:29:25), not minus the lease watermark (08:25):
     # c1, 3 minutes before the clock, is out; c2 still waits.
     assert attributed(spark, lake, "enriched_conn") == {"c1": MAC["A"]}
 
