@@ -12,11 +12,12 @@ looked at every 5 s), so once a sensor's other lines reach time T its DHCP lines
 T - `dhcp_log_delay` have been delivered too. The ETL keeps, per *feed* (source/sensor) that has
 delivered DHCP, the newest event it has seen from it, and appends to the `dhcp_clock` table the
 lowest of them whenever it moves (`DhcpClock`, `ClockWriter`): a slow sensor holds the clock back,
-a fast one without DHCP (an EVE stream of flows only) never moves it. dhcp_leases reads that table as one more stream, in its
-plan *before* silver_dhcp, and takes each clock row into its watermark like an end-of-input mark
-(`pipelines.end_of_input.with_marks`): its watermark is the later of the newest DHCP line minus
-`lease_watermark` and the clock minus `dhcp_log_delay`. So with a clock an event waits for its
-sensor's other logs to pass it by `dhcp_log_delay`, not by the lease watermark.
+a fast one without DHCP (an EVE stream of flows only) never moves it. dhcp_leases reads that
+table as one more stream, in its plan *before* silver_dhcp, and takes each clock row into its
+watermark like an end-of-input mark (`pipelines.end_of_input.with_marks`): its watermark is the
+later of the newest DHCP line minus `lease_watermark` and the clock minus `dhcp_log_delay`. So
+with a clock an event waits for its sensor's other logs to pass it by `dhcp_log_delay`, not by the
+lease watermark.
 
 Why the order is safe: a micro-batch counts for the clock only once all its commits are done, so
 a clock row is committed after the silver_dhcp commit of every batch it covers, and Spark asks a
