@@ -71,9 +71,9 @@ class Settings:
     lease_piece: str = "10 minutes"
     # A held lease is cut at the watermark once this much of it is not out (at most lease_piece): an
     # event is attributed once the row holding it is out, up to a cut and the lease watermark (with a
-    # DHCP clock, dhcp_log_delay) after it.
-    # Without a clock, pieces alone made that 5 to 15 minutes; 1 minute makes it 5 to 6, for up to 1,440 rows a day
-    # per held IP in a stream instead of 144 (a run-once's one big step still makes 144).
+    # DHCP clock, dhcp_log_delay) after it. Without a clock, pieces alone made that 5 to 15 minutes;
+    # 1 minute makes it 5 to 6, for up to 1,440 rows a day per held IP in a stream instead of 144
+    # (a run-once's one big step still makes 144).
     lease_cut: str = "1 minute"
     # A rule that declares no `watermark`: how late an enriched row may reach the rule. Enriched
     # rows of one commit span about a lease piece plus the lease watermark.
