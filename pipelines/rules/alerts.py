@@ -25,11 +25,15 @@ def alert_id(rule: Rule, *key_columns: Column, window_start: Column, window_end:
     return F.substring(F.sha2(F.concat_ws(_SEP, *parts), 256), 1, 32)
 
 
-def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> DataFrame:
+def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = (), *, stream: bool = False) -> DataFrame:
     """Turn what `rule`'s SELECT returned into alerts-table rows (ALERTS_SCHEMA, in order).
 
     Extra columns of the rule go to `details` as JSON; `event_date` is window_start's UTC date;
     columns named in `carry` are passed through after the table's columns (not into details).
+    `detected_at` is the current time, except in a `stream`: NULL there, for the writer to set
+    (`detected`) when it commits. Spark puts a streaming plan's current time into each
+    micro-batch's generated code as a constant, so that code compiled anew in every batch of
+    every rule (docs/performance.md, "Code compiled per rule batch").
 
     >>> from pipelines.rules.pack import RULES_DIR
     >>> from pipelines.rules.spec import validate_rule
@@ -55,13 +59,18 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
         "mitre": F.array(*[F.lit(m) for m in rule.mitre]),
         **{c: F.col(c) for c in REQUIRED_COLUMNS},
         "details": details,
-        "detected_at": F.current_timestamp(),
+        "detected_at": F.lit(None) if stream else F.current_timestamp(),
         "event_date": F.to_date(F.col("window_start")),
         "suppressed_by": F.lit(None),  # set by pipelines.triage.suppressions.mark when written
     }
     # Types by name: a DataType object costs Py4J round trips to convert, per column and query start.
     return rows.select(*[values[f.name].cast(f.dataType.simpleString()).alias(f.name) for f in ALERTS_SCHEMA.fields],
                        *carry)
+
+
+def detected(alerts: DataFrame) -> DataFrame:
+    """`alerts` (a stream's micro-batch of `alert_frame(..., stream=True)` rows) with `detected_at` now."""
+    return alerts.withColumn("detected_at", F.current_timestamp())
 
 
 def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule_id: str) -> DataFrame:

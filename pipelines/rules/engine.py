@@ -52,7 +52,7 @@ from pipelines.query import (
     stateful_session,
     stop_between_batches,
 )
-from pipelines.rules.alerts import alert_frame, unseen
+from pipelines.rules.alerts import alert_frame, detected, unseen
 from pipelines.rules.health import DISABLED, FAILING, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
@@ -178,7 +178,7 @@ class AlertWriter:
 
     def _append(self, alerts: DataFrame, batch_id: int) -> tuple[int, CommitResult | None]:
         """Commit the alerts `alerts_path` does not hold yet: (how many, the commit or None)."""
-        fresh = mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake).persist()
+        fresh = detected(mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake)).persist()
         try:
             new = fresh.count()
             return new, (self.sink.write_batch(fresh, batch_id) if new else None)
@@ -406,7 +406,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                                 rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         for table in rule.lookups:
             lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
-        rows = alert_frame(session.sql(rule.sql), rule)  # a missing column fails here, not in a batch
+        rows = alert_frame(session.sql(rule.sql), rule, stream=True)  # a missing column fails here, not in a batch
         writer = AlertWriter(lake, rule, app_id, status, settings, marker)
         # "crossed": each batch hands over the windows it changed; alert ids already written are
         # dropped by the writer, so a window's alert is written once, when first crossed.
