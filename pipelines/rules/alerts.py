@@ -30,10 +30,10 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = (), *, str
 
     Extra columns of the rule go to `details` as JSON; `event_date` is window_start's UTC date;
     columns named in `carry` are passed through after the table's columns (not into details).
-    `detected_at` is the current time, except in a `stream`: NULL there, for the writer to set
-    (`detected`) when it commits. Spark puts a streaming plan's current time into each
-    micro-batch's generated code as a constant, so that code compiled anew in every batch of
-    every rule (docs/performance.md, "Code compiled per rule batch").
+    `detected_at` is the current time, except for a streaming query's plan (`stream`, run-once's
+    too): NULL there, for its writer to set (`detected`) when it commits. Spark puts a streaming
+    plan's current time into each micro-batch's generated code as a constant, so that code
+    compiled anew in every batch of every rule (docs/performance.md, "What a rule batch costs").
 
     >>> from pipelines.rules.pack import RULES_DIR
     >>> from pipelines.rules.spec import validate_rule
