@@ -160,7 +160,7 @@ def test_a_crossed_rule_in_a_stream_runs_no_batch_without_input_and_still_alerts
         running.writer.close()
     [alert] = alerts(spark, lake)
     assert alert.rule_id == rule.id
-    # Set by the writer when it committed (the streaming plan leaves it NULL: alert_frame's `stream`).
+    # Set by the writer when it committed (the streaming plan leaves it NULL: alerts.detected).
     assert alert.detected_at is not None and started <= alert.detected_at <= datetime.now(), alert.detected_at
 
 

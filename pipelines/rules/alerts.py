@@ -25,15 +25,15 @@ def alert_id(rule: Rule, *key_columns: Column, window_start: Column, window_end:
     return F.substring(F.sha2(F.concat_ws(_SEP, *parts), 256), 1, 32)
 
 
-def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = (), *, stream: bool = False) -> DataFrame:
+def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> DataFrame:
     """Turn what `rule`'s SELECT returned into alerts-table rows (ALERTS_SCHEMA, in order).
 
     Extra columns of the rule go to `details` as JSON; `event_date` is window_start's UTC date;
     columns named in `carry` are passed through after the table's columns (not into details).
-    `detected_at` is the current time, except for a streaming query's plan (`stream`, run-once's
-    too): NULL there, for its writer to set (`detected`) when it commits. Spark puts a streaming
-    plan's current time into each micro-batch's generated code as a constant, so that code
-    compiled anew in every batch of every rule (docs/performance.md, "What a rule batch costs").
+    `detected_at` is NULL here: `detected` sets it where the alerts are found (a batch) or
+    committed (a stream's writer). Spark puts a streaming plan's current time into each
+    micro-batch's generated code as a constant, so that code compiled anew in every batch of
+    every rule (docs/performance.md, "What a rule batch costs").
 
     >>> from pipelines.rules.pack import RULES_DIR
     >>> from pipelines.rules.spec import validate_rule
@@ -59,7 +59,7 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = (), *, str
         "mitre": F.array(*[F.lit(m) for m in rule.mitre]),
         **{c: F.col(c) for c in REQUIRED_COLUMNS},
         "details": details,
-        "detected_at": F.lit(None) if stream else F.current_timestamp(),
+        "detected_at": F.lit(None),  # set by `detected`
         "event_date": F.to_date(F.col("window_start")),
         "suppressed_by": F.lit(None),  # set by pipelines.triage.suppressions.mark when written
     }
@@ -69,7 +69,7 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = (), *, str
 
 
 def detected(alerts: DataFrame) -> DataFrame:
-    """`alerts` (a stream's micro-batch of `alert_frame(..., stream=True)` rows) with `detected_at` now."""
+    """`alerts` (`alert_frame` rows, or a stream's micro-batch of them) with `detected_at` now."""
     return alerts.withColumn("detected_at", F.current_timestamp())
 
 

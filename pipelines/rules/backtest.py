@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.operations.running import refuse_while_streaming
-from pipelines.rules.alerts import alert_frame, alert_id, unseen
+from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
 from pipelines.rules.engine import rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
@@ -53,7 +53,7 @@ def run_batch(spark: SparkSession, rule: Rule, load: Callable[[SparkSession, str
     rows = session.sql(rule.sql)
     rows = rows.withColumn("match_key", alert_id(rule, *[rows[k] for k in rule.keys], window_start=rows.window_start,
                                                 window_end=rows.window_end, with_version=False))
-    return alert_frame(rows, rule, carry=("match_key",)).dropDuplicates(["alert_id"])
+    return detected(alert_frame(rows, rule, carry=("match_key",)).dropDuplicates(["alert_id"]))
 
 
 @dataclass(frozen=True)

@@ -406,7 +406,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                                 rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
         for table in rule.lookups:
             lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
-        rows = alert_frame(session.sql(rule.sql), rule, stream=True)  # a missing column fails here, not in a batch
+        rows = alert_frame(session.sql(rule.sql), rule)  # a missing column fails here, not in a batch
         writer = AlertWriter(lake, rule, app_id, status, settings, marker)
         # "crossed": each batch hands over the windows it changed; alert ids already written are
         # dropped by the writer, so a window's alert is written once, when first crossed.
