@@ -310,11 +310,7 @@ class EtlWriter:
         """
         if bounds is None or not self.lake.exists(table):
             return rows
-        lo, hi = F.lit(bounds[0]), F.lit(bounds[1])
-        seen = (self.lake.read(spark, table)
-                .where(F.col("event_date").between(F.to_date(lo), F.to_date(hi)))
-                .where(F.col("event_time").between(lo, hi))
-                .select("event_id"))
+        seen = self.lake.read_in_range(spark, table, "event_time", *bounds).select("event_id")
         return rows.join(seen, "event_id", "left_anti")
 
 

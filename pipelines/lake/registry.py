@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from pipelines.home import Home
-from pipelines.lake.read import read_table
+from pipelines.lake.read import read_in_range, read_table
 from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
 
 
@@ -159,6 +159,10 @@ class Lake:
     def read(self, spark: SparkSession, name: str, *, version: int | None = None,
              timestamp: str | datetime | None = None) -> DataFrame:
         return read_table(spark, self.path(name), version=version, timestamp=timestamp)
+
+    def read_in_range(self, spark: SparkSession, name: str, column: str, lo: datetime, hi: datetime) -> DataFrame:
+        """`name`'s rows with `column` in [lo, hi], reading only the files that can hold them (`read.read_in_range`)."""
+        return read_in_range(spark, self.path(name), column, lo, hi)
 
 
 def _load_all() -> None:
