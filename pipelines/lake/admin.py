@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from pipelines.lake.jvm import gateway, scala_object, scala_seq
+from pipelines.lake.jvm import jvm_class, scala_object, scala_seq
 from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
 
@@ -64,11 +64,10 @@ def set_transactions(spark: SparkSession, path: str | os.PathLike, versions: dic
     """
     if not versions:
         return
-    jvm = gateway(spark)
-    delta = jvm.org.apache.spark.sql.delta
-    log = delta.DeltaLog.forTable(spark._jsparkSession, _existing(spark, path))
-    now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
-    actions = [delta.actions.SetTransaction(app_id, int(version), now) for app_id, version in sorted(versions.items())]
+    log = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, _existing(spark, path))
+    now = jvm_class(spark, "scala.Some")(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
+    txn = jvm_class(spark, "org.apache.spark.sql.delta.actions.SetTransaction")
+    actions = [txn(app_id, int(version), now) for app_id, version in sorted(versions.items())]
     # DeltaOperations.ManualUpdate is a Scala object nested in an object.
     operation = scala_object(spark, "org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$")
     log.startTransaction().commit(scala_seq(spark, actions), operation)
@@ -79,10 +78,10 @@ def write_log_checkpoint(spark: SparkSession, path: str | os.PathLike) -> int:
 
     Opening a table then reads one Parquet checkpoint instead of replaying every JSON commit.
     """
-    jvm = gateway(spark)
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, _existing(spark, path))
-    snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-    log.checkpoint(snapshot, jvm.scala.Option.empty())
+    log = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, _existing(spark, path))
+    none = jvm_class(spark, "scala.Option").empty()
+    snapshot = log.update(False, none, none)
+    log.checkpoint(snapshot, none)
     return int(snapshot.version())
 
 

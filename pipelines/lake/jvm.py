@@ -1,34 +1,37 @@
-"""delta-spark's JVM side from Python (py4j): the gateway, Scala objects and Scala sequences.
+"""delta-spark's JVM side from Python (py4j): classes, Scala objects and Scala sequences.
 
 The table layer reaches a few Delta internals that PySpark does not wrap (a transaction's commit,
-a snapshot's checksum); these are the three ways in.
+a snapshot's checksum); these are the three ways in. Each names its class in full, in one step:
+py4j's `jvm.org.apache.x.Y` asks the JVM about every dotted prefix first, a round trip and a
+failed class look-up over the whole class path each (performance.md, "Python's round trips").
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from py4j.java_gateway import JavaObject, JVMView
+from py4j.java_gateway import JavaClass, JavaObject
 from pyspark.sql import SparkSession
 
 
-def gateway(spark: SparkSession) -> JVMView:
-    """The JVM view of `spark`'s gateway (`gateway(spark).java.lang.System`)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # a live session always has its gateway
-    return jvm
+def jvm_class(spark: SparkSession, name: str) -> JavaClass:
+    """The JVM class `name` (a nested class as `Outer$Inner`): its static methods, fields and constructors.
+
+    >>> jvm_class(spark, "java.lang.String").join("-", ["a", "b"])
+    'a-b'
+    """
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None  # a live session always has its gateway
+    return JavaClass(name, gateway._gateway_client)
 
 
 def scala_object(spark: SparkSession, name: str) -> JavaObject:
-    """The Scala `object` compiled as class `name` (ending in `$`), found by reflection through the
-    loader that holds the Delta jars: py4j reaches neither objects nested in objects nor the
-    methods an object's class has no static forwarder for.
+    """The Scala `object` compiled as class `name` (ending in `$`): py4j reaches neither objects
+    nested in objects nor the methods an object's class has no static forwarder for.
 
     >>> scala_object(spark, "org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$").name()
     'Manual Update'
     """
-    jvm = gateway(spark)
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    return jvm.java.lang.Class.forName(name, True, loader).getField("MODULE$").get(None)
+    return getattr(jvm_class(spark, name), "MODULE$")
 
 
 def scala_seq(spark: SparkSession, items: Iterable[object]) -> JavaObject:
@@ -37,8 +40,7 @@ def scala_seq(spark: SparkSession, items: Iterable[object]) -> JavaObject:
     >>> scala_seq(spark, ["event_date"]).mkString(",")
     'event_date'
     """
-    jvm = gateway(spark)
-    values = jvm.java.util.ArrayList()
+    values = jvm_class(spark, "java.util.ArrayList")()
     for item in items:
         values.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(values).toSeq()
+    return jvm_class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(values).toSeq()

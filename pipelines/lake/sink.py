@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructType, TimestampNTZType, TimestampType
 
-from pipelines.lake.jvm import gateway, scala_object, scala_seq
+from pipelines.lake.jvm import jvm_class, scala_object, scala_seq
 from pipelines.lake.log import commit_versions
 from pipelines.lake.schema import SchemaMismatchError, as_nullable
 
@@ -126,7 +126,7 @@ def _same_columns(txn, schema: StructType) -> bool:
 
 def _transaction(spark: SparkSession, uri: str):
     """A delta-spark OptimisticTransaction on the table at `uri`, or None when there is no table yet."""
-    txn = gateway(spark).org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri).startTransaction()
+    txn = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, uri).startTransaction()
     return txn if txn.readVersion() >= 0 else None
 
 
@@ -142,8 +142,10 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
     if not checksum.isDefined() or not checksum.get().setTransactions().isDefined():
         return int(txn.txnVersion(app_id))
     txn.readTxn().addOne(app_id)
-    known = gateway(spark).scala.jdk.javaapi.CollectionConverters.asJava(checksum.get().setTransactions().get())
-    return max((int(t.version()) for t in known if t.appId() == app_id), default=-1)
+    # As JSON in one round trip: a table's checksum lists every app id that ever wrote it.
+    mapper = jvm_class(spark, "org.apache.spark.sql.delta.util.JsonUtils").mapper()
+    known = json.loads(mapper.writeValueAsString(checksum.get().setTransactions().get()))
+    return max((int(t["version"]) for t in known if t["appId"] == app_id), default=-1)
 
 
 def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int, tag: str,
@@ -155,26 +157,26 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
     transaction active while `df` runs as it is there (Delta registers a read of the table inside
     `df`, as the rules' de-duplication against `alerts`, with the active transaction).
     """
-    jvm = gateway(spark)
-    delta = jvm.org.apache.spark.sql.delta
     # A thread-local of the object OptimisticTransaction (py4j keeps one JVM thread per Python thread).
     active = scala_object(spark, "org.apache.spark.sql.delta.OptimisticTransaction$")
     active.setActive(txn)
     try:
-        actions = list(jvm.scala.jdk.javaapi.CollectionConverters.asJava(txn.writeFiles(df._jdf)))
+        files = txn.writeFiles(df._jdf)  # a Scala Seq, left in the JVM: one round trip per file otherwise
     finally:
         active.clearActive()
-    if not actions:
+    if files.isEmpty():
         # An empty commit would wake every streaming query reading the table for a micro-batch of
         # nothing (17 of 18 enriched_ids_alerts commits in one alert_latency run).
         return None, 0
-    now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
-    actions.append(delta.actions.SetTransaction(app_id, batch_id, now))
-    none = jvm.scala.Option.empty()
-    operation = delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append,
-                                            jvm.scala.Some(scala_seq(spark, partition_by)), none,
-                                            jvm.scala.Some(tag), none, none, none, none, none)
-    version = int(txn.commit(scala_seq(spark, actions), operation))
+    some = jvm_class(spark, "scala.Some")
+    now = some(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
+    actions = getattr(files, "$colon$plus")(jvm_class(spark, "org.apache.spark.sql.delta.actions.SetTransaction")(
+        app_id, batch_id, now))
+    none = jvm_class(spark, "scala.Option").empty()
+    operation = jvm_class(spark, "org.apache.spark.sql.delta.DeltaOperations$Write")(
+        jvm_class(spark, "org.apache.spark.sql.SaveMode").Append, some(scala_seq(spark, partition_by)), none,
+        some(tag), none, none, none, none, none)
+    version = int(txn.commit(actions, operation))
     rows = txn.getMetric("numOutputRows")
     return version, int(rows.get().value()) if rows.isDefined() else 0
 

@@ -97,8 +97,9 @@ def to_silver(parsed: DataFrame, table: str) -> DataFrame:
     for source, kind in silver_feeds(table):
         feeds = feeds | ((F.col("source") == source) & (F.col("kind") == kind))
     names = {"source_file": "file"}
+    # Types by name: a DataType object costs Py4J round trips to convert, per column and micro-batch.
     return parsed.where(F.col("error").isNull() & feeds).select(
-        *[F.col(names.get(f.name, f.name)).cast(f.dataType).alias(f.name) for f in schema.fields])
+        *[F.col(names.get(f.name, f.name)).cast(f.dataType.simpleString()).alias(f.name) for f in schema.fields])
 
 
 def to_quarantine(parsed: DataFrame) -> DataFrame:
@@ -113,7 +114,7 @@ def to_quarantine(parsed: DataFrame) -> DataFrame:
     """
     names = {"reason": "error"}
     return parsed.where(F.col("error").isNotNull()).select(
-        *[F.col(names.get(f.name, f.name)).cast(f.dataType).alias(f.name)
+        *[F.col(names.get(f.name, f.name)).cast(f.dataType.simpleString()).alias(f.name)
           for f in QUARANTINE_SCHEMA.fields if f.name not in ("batch_id", "ingest_time")])
 
 
@@ -129,5 +130,5 @@ def to_bronze(parsed: DataFrame) -> DataFrame:
     Row(raw='{oops', kind='dns', event_date=None, parse_ok=False)
     """
     derived = {"parse_ok": F.col("error").isNull()}
-    return parsed.select(*[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
+    return parsed.select(*[derived.get(f.name, F.col(f.name)).cast(f.dataType.simpleString()).alias(f.name)
                            for f in BRONZE_SCHEMA.fields if f.name not in ("batch_id", "ingest_time")])
