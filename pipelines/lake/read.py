@@ -87,7 +87,7 @@ def read_in_range(spark: SparkSession, path: str | os.PathLike, column: str, lo:
     if files is not None:
         # The table's schema, not the files': a file written before a column was added has none.
         reader = spark.read.schema(table.schema).option("basePath", uri)
-        table = (reader.parquet(*(f"{uri}/{unquote(f)}" for f in files)) if files
+        table = (reader.parquet(*(_data_file(uri, f) for f in files)) if files
                  else spark.createDataFrame([], table.schema))
     return table.where(F.col(column).between(F.lit(lo), F.lit(hi)))
 
@@ -120,6 +120,16 @@ def _files_in_range(path: str | os.PathLike, column: str, lo: datetime, hi: date
     keep = pc.and_(pc.fill_null(pc.less_equal(adds.column(f"min.{column}").cast(utc), high), True),
                    pc.fill_null(pc.greater_equal(adds.column(f"max.{column}").cast(utc), low), True))
     return adds.filter(keep).column("path").to_pylist()
+
+
+def _data_file(uri: str, path: str) -> str:
+    """A data file's location from its `add` action's path: URI-encoded, relative to the table unless absolute.
+
+    >>> _data_file("/lake/t", "event_date=2026-11-20/part-0%20a.parquet"), _data_file("/lake/t", "s3a://b/x.parquet")
+    ('/lake/t/event_date=2026-11-20/part-0 a.parquet', 's3a://b/x.parquet')
+    """
+    decoded = unquote(path)
+    return decoded if "://" in path or path.startswith(("/", "file:")) else f"{uri}/{decoded}"
 
 
 def _utc_text(timestamp: str | datetime) -> str:
