@@ -1,6 +1,7 @@
 """Listings from a table's Delta log without a JVM (delta-rs): instant `seclake tables` and `history`,
-a column's newest value from the files' statistics (`newest_in_stats`), and row counts by group of
-a small table for a closing summary (`count_by`).
+a column's newest value from the files' statistics (`newest_in_stats`), the files whose statistics
+overlap a time range (`files_in_range`), and row counts by group of a small table for a closing
+summary (`count_by`).
 
 Everything else that reads rows, and every write, goes through delta-spark.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +87,9 @@ def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     ...     newest_in_stats(tmp, "t").isoformat()
     '2026-11-20T10:00:00.123000+00:00'
     """
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = open_log(path)
-    if "deletionVectors" in (table.protocol().reader_features or []):
-        # A file's statistics then still count the rows a deletion vector removed from it.
-        raise LookupError(f"{as_path(path).name}: deletion vectors, the statistics may count deleted rows")
-    adds = pa.table(table.get_add_actions(flatten=True))
+    adds = _plain_files(path)
     if adds.num_rows == 0:
         return None
     names = (f"max.{column}", f"null_count.{column}", "num_records")
@@ -105,6 +101,59 @@ def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     if pc.any(unknown).as_py():
         raise LookupError(f"{as_path(path).name}: a file without statistics for {column}")
     return pc.max(newest).as_py()
+
+
+def files_in_range(path: str | os.PathLike, column: str, lo: datetime, hi: datetime) -> list[str]:
+    """The data files (paths as the log holds them) whose statistics of the timestamp `column` overlap
+    [lo, hi] (naive times are local, as PySpark's); a file without them is included. LookupError when
+    the files alone do not hold the table's rows under its column names (`_plain_files`), or when
+    no file has statistics for `column`.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     for day in (1, 2):
+    ...         spark.sql(f"SELECT timestamp'2026-11-0{day} 10:00' AS t").write.format("delta").mode("append").save(tmp)
+    ...     [f.endswith(".parquet") for f in files_in_range(tmp, "t", datetime(2026, 11, 2), datetime(2026, 11, 3))]
+    [True]
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    adds = _plain_files(path)
+    if adds.num_rows == 0:
+        return []
+    if f"min.{column}" not in adds.column_names:
+        raise LookupError(f"{as_path(path).name}: no statistics for {column}")
+    utc = pa.timestamp("us", "UTC")
+    # Delta keeps timestamp statistics to the millisecond, truncated: a file's true maximum may be
+    # up to a millisecond past the one recorded.
+    low = pa.scalar(lo.astimezone(timezone.utc) - timedelta(milliseconds=1), utc)
+    high = pa.scalar(hi.astimezone(timezone.utc), utc)
+    keep = pc.and_(pc.fill_null(pc.less_equal(adds.column(f"min.{column}").cast(utc), high), True),
+                   pc.fill_null(pc.greater_equal(adds.column(f"max.{column}").cast(utc), low), True))
+    return adds.filter(keep).column("path").to_pylist()
+
+
+def _plain_files(path: str | os.PathLike) -> Any:
+    """The table's add actions (flattened, with statistics) as a pyarrow Table; LookupError when its
+    files do not hold exactly its rows under its column names: deletion vectors (a file's statistics
+    still count the rows a vector removed), column mapping, or a log delta-rs cannot read."""
+    import pyarrow as pa
+    from deltalake.exceptions import DeltaError
+
+    name = as_path(path).name
+    try:
+        table = open_log(path)
+        features = set(table.protocol().reader_features or [])
+        mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        adds = pa.table(table.get_add_actions(flatten=True))
+    except DeltaError as exc:
+        raise LookupError(f"{name}: delta-rs cannot read the log: {exc}") from None
+    if "deletionVectors" in features:
+        raise LookupError(f"{name}: deletion vectors, the statistics may count deleted rows")
+    if "columnMapping" in features or mapping != "none":
+        raise LookupError(f"{name}: column mapping, the files name the columns otherwise")
+    return adds
 
 
 def count_by(path: str | os.PathLike, columns: list[str]) -> list[tuple[Any, ...]]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
@@ -81,45 +81,20 @@ def read_in_range(spark: SparkSession, path: str | os.PathLike, column: str, lo:
     ...     sorted(r.n for r in found.collect())
     [2, 3]
     """
+    from pipelines.lake.log import files_in_range
+
     uri = table_uri(path)
     table = read_table(spark, path)
-    files = _files_in_range(path, column, lo, hi)
+    try:
+        files = files_in_range(path, column, lo, hi)
+    except (LookupError, OSError):
+        files = None  # Delta's scan answers
     if files is not None:
         # The table's schema, not the files': a file written before a column was added has none.
         reader = spark.read.schema(table.schema).option("basePath", uri)
         table = (reader.parquet(*(_data_file(uri, f) for f in files)) if files
                  else spark.createDataFrame([], table.schema))
     return table.where(F.col(column).between(F.lit(lo), F.lit(hi)))
-
-
-def _files_in_range(path: str | os.PathLike, column: str, lo: datetime, hi: datetime) -> list[str] | None:
-    """The table's data files (relative paths as the log holds them) whose `column` statistics overlap
-    [lo, hi], a file without them included; None when the files alone cannot be read as the table."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from deltalake.exceptions import DeltaError
-
-    from pipelines.lake.log import open_log
-
-    try:
-        log = open_log(path)
-        features = set(log.protocol().reader_features or [])
-        mapping = log.metadata().configuration.get("delta.columnMapping.mode", "none")
-        adds = pa.table(log.get_add_actions(flatten=True))
-    except (DeltaError, OSError):
-        return None
-    if features & {"deletionVectors", "columnMapping"} or mapping != "none":
-        return None
-    if f"min.{column}" not in adds.column_names:
-        return None if adds.num_rows else []
-    utc = pa.timestamp("us", "UTC")
-    # Delta keeps timestamp statistics to the millisecond, truncated: a file's true maximum may be
-    # up to a millisecond past the one recorded.
-    low = pa.scalar(lo.astimezone(timezone.utc) - timedelta(milliseconds=1), utc)
-    high = pa.scalar(hi.astimezone(timezone.utc), utc)
-    keep = pc.and_(pc.fill_null(pc.less_equal(adds.column(f"min.{column}").cast(utc), high), True),
-                   pc.fill_null(pc.greater_equal(adds.column(f"max.{column}").cast(utc), low), True))
-    return adds.filter(keep).column("path").to_pylist()
 
 
 def _data_file(uri: str, path: str) -> str:
