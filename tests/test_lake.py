@@ -311,6 +311,31 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
     assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
 
 
+def test_a_sinks_first_batch_creates_the_table_in_one_commit_with_delta_s_checks(spark, tmp_path):
+    table = tmp_path / "t"
+    spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
+    try:
+        result = _sink(table).write_batch(_frame(spark, 4), 0)
+    finally:
+        spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
+    assert (result.version, result.rows) == (0, 4)
+    kinds = {kind for action in _log_actions(table, 0) for kind in action}
+    assert {"metaData", "protocol", "add", "txn", "commitInfo"} <= kinds
+    detail = DeltaTable.forPath(spark, str(table)).detail().first()
+    assert detail.partitionColumns == ["event_date"]
+    assert detail.properties["delta.appendOnly"] == "true"  # the session's table defaults apply
+    assert _sink(table).write_batch(_frame(spark, 4), 0).skipped  # batch 0's txn is in version 0
+    # An empty first batch still creates the table, with its txn: a replay commits nothing.
+    empty = tmp_path / "empty"
+    assert _sink(empty).write_batch(_frame(spark, 0), 7).version == 0
+    assert _sink(empty).write_batch(_frame(spark, 0), 7).skipped
+    # Delta's checks of a new table's names still run, and name the column.
+    bad = spark.createDataFrame([(1, dt.date(2026, 1, 1))], "`a b` INT, event_date DATE")
+    with pytest.raises(Exception, match="a b"):
+        _sink(tmp_path / "bad").write_batch(bad, 0)
+    assert not is_table(spark, tmp_path / "bad")
+
+
 def test_new_tables_keep_statistics_on_their_time_columns_only(spark, tmp_path):
     # Made by create_empty (the registry's tables) or by a sink's first append (the ETL's): the same.
     ensured, appended = tmp_path / "ensured", tmp_path / "appended"
