@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial, reduce
@@ -221,8 +222,7 @@ class EtlWriter:
         ingest = {"batch_id": F.lit(batch_id).cast("long"), "ingest_time": F.current_timestamp()}
         # In-batch repeats of an event are flagged once here (one shuffle) instead of per silver table.
         first = Window.partitionBy("event_id").orderBy("file", "line_number")
-        parsed = lines.withColumn("_repeat", F.row_number().over(first) > 1).persist()
-        try:
+        with _checkpointed(lines.withColumn("_repeat", F.row_number().over(first) > 1)) as parsed:
             survey = self._survey(parsed)
             stats.read = survey.read
 
@@ -248,8 +248,6 @@ class EtlWriter:
             with ThreadPoolExecutor(len(due) or 1, thread_name_prefix="etl-write") as pool:
                 for result in pool.map(inheritable_thread_target(spark)(write), due):
                     stats.record(result)
-        finally:
-            parsed.unpersist()
         # Only once the batch's silver_dhcp is committed: the clock never runs ahead of it.
         if self._clock is not None:
             self._clock.committed(spark, survey.newest, survey.dhcp)
@@ -312,6 +310,23 @@ class EtlWriter:
             return rows
         seen = self.lake.read_in_range(spark, table, "event_time", *bounds).select("event_id")
         return rows.join(seen, "event_id", "left_anti")
+
+
+@contextmanager
+def _checkpointed(frame: DataFrame) -> Iterator[DataFrame]:
+    """`frame` computed once (by its first job) into the executors' block storage, as a plan of one node.
+
+    A cache would keep the parse's plan, hundreds of expressions deep, under every frame derived
+    from the batch (the survey, seven outputs, the look-ups' joins), and Spark analyses each
+    against it: about 0.2 s of driver time per derived frame, against milliseconds on the
+    checkpoint (docs/performance.md, "The batch as a checkpoint").
+    """
+    done = frame.localCheckpoint(eager=False)
+    try:
+        yield done
+    finally:
+        # PySpark cannot unpersist a checkpoint: its blocks go now, not at some later JVM GC.
+        done._jdf.queryExecution().logical().rdd().unpersist(False)
 
 
 def _bronze(parsed: DataFrame, source: str, ingest: dict) -> DataFrame:
