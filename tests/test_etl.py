@@ -105,6 +105,21 @@ def test_rerun_adds_nothing_and_new_files_are_picked_up(spark, sample_run):
     assert etl.idle(lake)
 
 
+def test_a_batch_is_parsed_once_into_blocks_freed_when_the_batch_ends(spark):
+    def stored(rdd_id: int) -> bool:
+        return any(info.id() == rdd_id for info in spark.sparkContext._jsc.sc().getRDDStorageInfo())
+
+    frame = spark.range(1000).selectExpr("id", "id % 7 AS k")
+    with etl._checkpointed(frame) as batch:
+        plan = batch._jdf.queryExecution().logical()
+        assert plan.nodeName() == "LogicalRDD" and plan.children().isEmpty()  # frames derive from one node
+        assert batch.groupBy("k").count().count() == 7
+        rdd = plan.rdd().id()
+        assert stored(rdd)  # computed once, by the first job
+        assert batch.where("k = 0").count() == 143
+    assert not stored(rdd)
+
+
 def _data_lines(path: Path) -> int:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
