@@ -136,7 +136,7 @@ def test_rules_stream_concurrently_match_the_backtest_and_never_duplicate(spark,
     assert all(a.event_date == a.window_start.date() and a.severity and a.mitre for a in again)
 
 
-def test_a_crossed_rule_in_a_stream_runs_no_batch_without_input_and_still_alerts(spark, lake):
+def test_a_crossed_rule_in_a_stream_runs_no_batch_without_input_interpreted_and_still_alerts(spark, lake):
     # A batch of no data after each input commit (the watermark moved) cost a rule ~0.3 CPU s on 2 cores.
     rule = validate_rule(TUNNEL)
     quiet = {"query": "www.example.com", "rcode_name": "NOERROR"}
@@ -155,6 +155,10 @@ def test_a_crossed_rule_in_a_stream_runs_no_batch_without_input_and_still_alerts
         for p in running.query.recentProgress:  # idle reports repeat a batch id with no input
             inputs[p.batchId] = max(inputs.get(p.batchId, 0), p.numInputRows)
         assert len(inputs) >= 2 and all(n > 0 for n in inputs.values()), inputs
+        # Its batches run interpreted: Spark compiled each one's code anew, the watermark a constant in it.
+        execution = running.query._jsq.streamingQuery().lastExecution()
+        assert "*(" not in execution.executedPlan().toString()  # no whole-stage code (Spark marks it *(n))
+        assert execution.sparkSession().conf().get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     finally:
         stop_rule(running)
         running.writer.close()
