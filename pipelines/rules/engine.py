@@ -320,12 +320,12 @@ NO_PUSHDOWN_RULES: tuple[str, ...] = (
     "org.apache.spark.sql.catalyst.optimizer.PushDownPredicates",
     "org.apache.spark.sql.catalyst.optimizer.PushPredicateThroughNonJoin",
 )
-# A streaming rule's micro-batch is tens of rows in `seclake stream` (a day's at most in run-once),
-# and Spark generated and compiled about five classes for each one anew, since its stateful operators
-# write the batch's watermark into their code as a constant: on 2 cores the compiling cost more than
-# the rows. Streaming rule sessions evaluate their plans interpreted (docs/performance.md, "Rules
-# without generated code"). The attribution joins keep generated code: run-once's day of rows in one
-# batch ran slower interpreted.
+# A streaming rule's micro-batch is tens of rows in `seclake stream`, and Spark generated and
+# compiled about five classes for each one anew, since its stateful operators write the batch's
+# watermark into their code as a constant: on 2 cores the compiling cost more than the rows. So
+# streaming rule sessions evaluate their plans interpreted; run-once's rules, whose batch held the
+# demo's whole day, ran faster too (docs/performance.md, "Rules without generated code"). The
+# attribution joins keep generated code: run-once's day of rows in one batch ran slower interpreted.
 INTERPRETED: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
