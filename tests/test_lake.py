@@ -294,7 +294,17 @@ def test_stream_killed_around_the_commit_is_exactly_once(spark, tmp_path):
 def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_path):
     table = tmp_path / "t"
     schema = StructType([StructField("n", LongType(), False), StructField("event_date", DateType(), False)])
-    assert create_empty(spark, table, schema, ["event_date"], checkpoint_interval=2) is True
+    spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
+    spark.sparkContext.setJobGroup("create", "a table created empty")
+    try:
+        assert create_empty(spark, table, schema, ["event_date"], checkpoint_interval=2) is True
+        # No Spark job: Delta's state of a table that did not exist is not rebuilt for its checksum.
+        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("create")) == 0
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+        spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
+    active = spark.sparkContext._jvm.org.apache.spark.sql.SparkSession.getActiveSession()
+    assert active.isDefined() and active.get().equals(spark._jsparkSession)  # the session before, again
     assert create_empty(spark, table, schema, ["event_date"]) is False
     assert is_table(spark, table)
     empty = read_table(spark, table)
@@ -304,10 +314,14 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
     detail = DeltaTable.forPath(spark, str(table)).detail().first()
     assert detail.partitionColumns == ["event_date"]
     assert detail.properties["delta.checkpointInterval"] == "2"
+    assert detail.properties["delta.appendOnly"] == "true"  # the session's table defaults apply
     sink = DeltaSink(table, app_id="q", partition_by=["event_date"])
     for batch in range(3):
         sink.write_batch(spark.createDataFrame([(batch, dt.date(2026, 1, 1))], schema), batch)
     assert (table / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    # Each checksum lists the table's files, derived from the one before, from the creation's on.
+    for version in range(4):
+        assert len(json.loads((table / "_delta_log" / f"{version:020d}.crc").read_text())["allFiles"]) == version
     assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
 
 
