@@ -277,46 +277,19 @@ def create_empty(spark: SparkSession, path: str | os.PathLike, schema: StructTyp
     True False
     """
     uri = table_uri(path)
+    txn = _transaction(spark, uri)
+    if txn.readVersion() >= 0:
+        return False
     properties = {"delta.checkpointInterval": str(checkpoint_interval), **stats_properties(schema, partition_by)}
     try:
-        with _files_not_listed_in_checksum(spark):
-            txn = _transaction(spark, uri)
-            if txn.readVersion() >= 0:
-                return False
-            with delta_errors(uri.rsplit("/", 1)[-1]):
-                _new_table(spark, txn, schema, partition_by, properties)
-                txn.commit(scala_seq(spark, []), _write_operation(spark, "ErrorIfExists", partition_by, None))
+        with delta_errors(uri.rsplit("/", 1)[-1]):
+            _new_table(spark, txn, schema, partition_by, properties)
+            txn.commit(scala_seq(spark, []), _write_operation(spark, "ErrorIfExists", partition_by, None))
     except Exception:
         if _transaction(spark, uri).readVersion() >= 0:
             return False  # another creator won the race
         raise
     return True
-
-
-@contextmanager
-def _files_not_listed_in_checksum(spark: SparkSession) -> Iterator[None]:
-    """Delta transactions started inside run in a clone of `spark` whose commits do not list the
-    table's files in their checksum (`allFilesInCrc`): for a new table's empty first commit.
-
-    Delta lists a small table's files in each commit's checksum, derived from the checksum before
-    it; a new table has none, and Delta rebuilds the empty state with a Spark job instead (about
-    0.25 s a table). Without the listing, a first commit of no file still writes its empty list,
-    the same checksum, so the next commits derive theirs as usual (docs/performance.md, "Tables
-    created without a state rebuild"). The clone is this thread's active session, which Delta's
-    transactions read their settings from; the one before is active again afterwards.
-    """
-    holder = jvm_class(spark, "org.apache.spark.sql.SparkSession")
-    before = holder.getActiveSession()
-    clone = spark._jsparkSession.cloneSession()
-    clone.conf().set("spark.databricks.delta.allFilesInCrc.enabled", "false")
-    holder.setActiveSession(clone)
-    try:
-        yield
-    finally:
-        if before.isDefined():
-            holder.setActiveSession(before.get())
-        else:
-            holder.clearActiveSession()
 
 
 @contextmanager
