@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,17 @@ def _log_actions(table: Path, version: int) -> list[dict]:
 
 def _latest_version(spark, table: Path) -> int:
     return DeltaTable.forPath(spark, str(table)).history(1).first().version
+
+
+def _jobs_of(spark, call):
+    """`call()`'s result and the number of Spark jobs it ran."""
+    group = f"counted-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "jobs counted by a test")
+    try:
+        result = call()
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
 
 
 def test_round_trip_all_types(spark, tmp_path):
@@ -180,12 +192,8 @@ def test_an_append_reads_the_app_version_from_the_checksum_and_falls_back_withou
     for batch in range(4):
         sink.write_batch(_frame(spark, 3, 3 * batch), batch)
     # One Spark job, the write: no rebuild of the table's state to find the app's last version.
-    spark.sparkContext.setJobGroup("one-append", "an append at version 4")
-    try:
-        assert sink.write_batch(_frame(spark, 3, 12), 4).version == 4
-        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("one-append")) == 1
-    finally:
-        spark.sparkContext.setJobGroup("", "")
+    appended, jobs = _jobs_of(spark, lambda: sink.write_batch(_frame(spark, 3, 12), 4))
+    assert (appended.version, jobs) == (4, 1)
     # Without the newest checksum (a crash between commit and checksum), Delta's own look-up
     # answers: the replay is still skipped, and the next batch lands.
     (table / "_delta_log" / f"{4:020d}.crc").unlink()
@@ -295,14 +303,12 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
     table = tmp_path / "t"
     schema = StructType([StructField("n", LongType(), False), StructField("event_date", DateType(), False)])
     spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
-    spark.sparkContext.setJobGroup("create", "a table created empty")
     try:
-        assert create_empty(spark, table, schema, ["event_date"], checkpoint_interval=2) is True
-        # No Spark job: Delta's state of a table that did not exist is not rebuilt for its checksum.
-        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("create")) == 0
+        created, jobs = _jobs_of(spark, lambda: create_empty(spark, table, schema, ["event_date"], 2))
     finally:
-        spark.sparkContext.setJobGroup("", "")
         spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
+    # No Spark job: Delta's state of a table that did not exist is not rebuilt for its checksum.
+    assert (created, jobs) == (True, 0)
     assert create_empty(spark, table, schema, ["event_date"]) is False
     assert is_table(spark, table)
     empty = read_table(spark, table)
@@ -327,15 +333,12 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
 def test_a_sinks_first_batch_creates_the_table_in_one_commit_with_delta_s_checks(spark, tmp_path):
     table = tmp_path / "t"
     spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
-    spark.sparkContext.setJobGroup("first-batch", "a table created by its first batch")
     try:
-        result = _sink(table).write_batch(_frame(spark, 4), 0)
-        # The batch's write only: Delta's state of a table that did not exist is not rebuilt.
-        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("first-batch")) == 1
+        result, jobs = _jobs_of(spark, lambda: _sink(table).write_batch(_frame(spark, 4), 0))
     finally:
-        spark.sparkContext.setJobGroup("", "")
         spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
-    assert (result.version, result.rows) == (0, 4)
+    # The batch's write only: Delta's state of a table that did not exist is not rebuilt.
+    assert (result.version, result.rows, jobs) == (0, 4, 1)
     kinds = {kind for action in _log_actions(table, 0) for kind in action}
     assert {"metaData", "protocol", "add", "txn", "commitInfo"} <= kinds
     detail = DeltaTable.forPath(spark, str(table)).detail().first()
