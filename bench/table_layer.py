@@ -153,16 +153,19 @@ def _clear(*paths: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="60k rows, 2 reps, 9 samples: a few minutes")
+    parser.add_argument("--quick", action="store_true", help="60k rows, 3 reps, 9 samples: a few minutes")
     parser.add_argument("--rows", type=int, default=200_000, help="rows streamed in parts 1 and 2")
     parser.add_argument("--batches", type=int, default=10, help="input files = micro-batches")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="timed runs of each sink")
+    parser.add_argument("--read-reps", type=int, default=7,
+                        help="timed runs of each stream read: a read takes a fraction of a second, so its "
+                             "median needs more samples than a sink's")
     parser.add_argument("--commits", type=int, default=1000, help="table version of the 'long log' sample")
     parser.add_argument("--samples", type=int, default=15, help="timed commits per table")
     parser.add_argument("--work", default=None)
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.batches, args.reps, args.samples = 60_000, 6, 2, 9
+        args.rows, args.batches, args.reps, args.samples = 60_000, 6, 3, 9
     work = common.work_dir("table-layer", args.work)
     t0 = time.monotonic()
     results: dict = {"args": vars(args)}
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "file sink parquet": lambda rep: stream_file_sink(spark, work / "input", schema, work / "pq"),
     })
     print("measuring stream reads", flush=True)
-    read_s = common.interleaved(args.reps, {
+    read_s = common.interleaved(args.read_reps, {
         "read_stream (delta-spark)": lambda rep: read_stream_noop(spark, work / "delta", work / "rs-ck"),
         "delta-spark, snapshot start": lambda rep: read_snapshot_stream_noop(spark, work / "delta", work / "ss-ck"),
         "readStream.parquet": lambda rep: read_parquet_stream_noop(spark, work / "pq", schema, work / "rp-ck"),
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     common.print_table(["sink", "median s", "rows/s"], [[k, v, rows / v] for k, v in med_sink.items()],
                        title=f"\n1. streaming sink, {rows:,} rows, {args.batches} batches, median of {args.reps}")
     common.print_table(["stream read", "median s", "rows/s"], [[k, v, rows / v] for k, v in med_read.items()],
-                       title=f"\n2. stream read to noop, {rows:,} rows, median of {args.reps}")
+                       title=f"\n2. stream read to noop, {rows:,} rows, median of {args.read_reps}")
     common.print_table(["table version", "median commit ms"], [[k, 1000 * v] for k, v in med_commit.items()],
                        title=f"\n3. one small append through DeltaSink, median of {args.samples}")
     sink_ratio = med_sink["file sink parquet"] / med_sink["DeltaSink (delta-spark)"]

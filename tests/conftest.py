@@ -1,6 +1,7 @@
 """One SparkSession for the whole test session; every test writes under its own tmp_path."""
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,14 @@ def state_partitions(lake, query: str) -> set[str]:
     checkpoint = lake.home.checkpoint(query)
     return {read_batch(checkpoint, int(f.name)).metadata["conf"]["spark.sql.shuffle.partitions"]
             for f in (checkpoint / "offsets").iterdir() if f.name.isdigit()}
+
+
+def spark_jobs(spark, call):
+    """`call()`'s result and the number of Spark jobs it ran."""
+    group = f"counted-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "jobs counted by a test")
+    try:
+        result = call()
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))

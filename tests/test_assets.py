@@ -22,6 +22,7 @@ from dagster import (
 from assets import automation, quality, tables
 from assets.definitions import build_definitions
 from assets.resources import LakeResource, SparkResource
+from conftest import spark_jobs
 from pipelines import stages
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
@@ -529,3 +530,35 @@ def test_ge_auto_engine_takes_the_row_bound_instead_of_counting(spark):
     assert (big.engine, big.rows) == ("spark", 2)
     tracker = spark.sparkContext.statusTracker()
     assert len(tracker.getJobIdsForGroup("ge-bound")) == 1  # toPandas only: no count
+
+
+def test_quarantine_counts_read_only_the_window(spark, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from pipelines.home import Home
+    from pipelines.lake.sink import DeltaSink
+    from pipelines.schemas import BRONZE_SCHEMA, QUARANTINE_SCHEMA
+
+    lake = Lake(Home.resolve(str(tmp_path / "home")))
+    now = datetime(2030, 1, 2, 12, tzinfo=timezone.utc)
+
+    def lines(schema, n, ingested, **values):
+        row = dict({f.name: None for f in schema.fields}, source="zeek", raw="x", ingest_time=ingested,
+                   batch_id=0, **values)
+        return spark.createDataFrame([row] * n, schema)
+
+    for batch, (ingested, good, bad, unparsed) in enumerate([(now - timedelta(days=3), 10, 3, 0),
+                                                             (now - timedelta(hours=1), 4, 2, 1)]):
+        day = ingested.date()
+        bronze = lines(BRONZE_SCHEMA, good, ingested, parse_ok=True, event_date=day).unionByName(
+            lines(BRONZE_SCHEMA, unparsed, ingested, parse_ok=False, event_date=day))
+        DeltaSink(lake.path("bronze_zeek"), app_id="t").write_batch(bronze, batch)
+        DeltaSink(lake.path("quarantine"), app_id="t").write_batch(lines(QUARANTINE_SCHEMA, bad, ingested, reason="r"),
+                                                                   batch)
+    every = quality.quarantine_counts(spark, lake, ["zeek"], window_hours=None, now=now).iloc[0]
+    assert (every["good"], every["quarantined"]) == (14, 5)
+    # The window's lines are read from the files their statistics pick: the count's two stages (each
+    # a job under adaptive execution), where Delta's own scan adds a state rebuild per table (4 jobs).
+    recent, jobs = spark_jobs(spark, lambda: quality.quarantine_counts(spark, lake, ["zeek"], window_hours=24, now=now))
+    assert (recent.iloc[0]["good"], recent.iloc[0]["quarantined"]) == (4, 2)
+    assert jobs == 2

@@ -7,7 +7,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from conftest import spark_jobs
 from pipelines.lake.log import commits, newest_in_stats, summary
 from pipelines.lake.read import is_table, read_in_range, read_table
 from pipelines.lake.schema import SchemaMismatchError
@@ -77,17 +77,6 @@ def _log_actions(table: Path, version: int) -> list[dict]:
 
 def _latest_version(spark, table: Path) -> int:
     return DeltaTable.forPath(spark, str(table)).history(1).first().version
-
-
-def _jobs_of(spark, call):
-    """`call()`'s result and the number of Spark jobs it ran."""
-    group = f"counted-{uuid.uuid4().hex}"
-    spark.sparkContext.setJobGroup(group, "jobs counted by a test")
-    try:
-        result = call()
-    finally:
-        spark.sparkContext.setJobGroup("", "")
-    return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
 
 
 def test_round_trip_all_types(spark, tmp_path):
@@ -192,7 +181,7 @@ def test_an_append_reads_the_app_version_from_the_checksum_and_falls_back_withou
     for batch in range(4):
         sink.write_batch(_frame(spark, 3, 3 * batch), batch)
     # One Spark job, the write: no rebuild of the table's state to find the app's last version.
-    appended, jobs = _jobs_of(spark, lambda: sink.write_batch(_frame(spark, 3, 12), 4))
+    appended, jobs = spark_jobs(spark, lambda: sink.write_batch(_frame(spark, 3, 12), 4))
     assert (appended.version, jobs) == (4, 1)
     # Without the newest checksum (a crash between commit and checksum), Delta's own look-up
     # answers: the replay is still skipped, and the next batch lands.
@@ -304,7 +293,7 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
     schema = StructType([StructField("n", LongType(), False), StructField("event_date", DateType(), False)])
     spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
     try:
-        created, jobs = _jobs_of(spark, lambda: create_empty(spark, table, schema, ["event_date"], 2))
+        created, jobs = spark_jobs(spark, lambda: create_empty(spark, table, schema, ["event_date"], 2))
     finally:
         spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
     # No Spark job: Delta's state of a table that did not exist is not rebuilt for its checksum.
@@ -334,7 +323,7 @@ def test_a_sinks_first_batch_creates_the_table_in_one_commit_with_delta_s_checks
     table = tmp_path / "t"
     spark.conf.set("spark.databricks.delta.properties.defaults.appendOnly", "true")
     try:
-        result, jobs = _jobs_of(spark, lambda: _sink(table).write_batch(_frame(spark, 4), 0))
+        result, jobs = spark_jobs(spark, lambda: _sink(table).write_batch(_frame(spark, 4), 0))
     finally:
         spark.conf.unset("spark.databricks.delta.properties.defaults.appendOnly")
     # The batch's write only: Delta's state of a table that did not exist is not rebuilt.

@@ -13,11 +13,11 @@ import json
 import os
 from pathlib import Path
 
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.checkpoint import newest, next_watermark_ms, read_batch
 from pipelines.lake.log import commit_versions, open_log
-from pipelines.lake.read import is_table
 from pipelines.lake.sink import table_uri
 
 # Delta starts a new stream from the table's snapshot with Spark jobs that list and sort all its
@@ -29,6 +29,8 @@ REPLAY_MAX_COMMITS = 100
 # `remove`: even a compaction's (no data change) lets VACUUM delete files the replay would read.
 _APPEND_ACTIONS = frozenset({"commitInfo", "add", "txn"})
 _TABLE_ACTIONS = frozenset({"metaData", "protocol", "domainMetadata"})
+# What Delta's streaming source raises on a path with no table (or a log without a commit).
+_NO_TABLE = ("DELTA_SCHEMA_NOT_SET", "PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE")
 
 
 class OldCheckpointError(RuntimeError):
@@ -64,12 +66,16 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{option} must be a positive integer, not {value!r}")
             options[option] = str(value)
-    # Checked here so a missing table is a plain ValueError naming it, not an error at query start.
-    if not is_table(spark, uri):
-        raise ValueError(f"no Delta table at {uri}")
     if starting_version in (None, "earliest") and replayable(uri):
         options["startingVersion"] = "0"
-    return spark.readStream.format("delta").options(**options).load(uri)
+    # Delta reads the table's schema (its log, updated) here, so a missing table fails now, not at
+    # the query's start; its error names no path, so a ValueError naming the table instead.
+    try:
+        return spark.readStream.format("delta").options(**options).load(uri)
+    except PySparkException as exc:
+        if (exc.getCondition() or "") in _NO_TABLE:
+            raise ValueError(f"no Delta table at {uri}") from None
+        raise
 
 
 def replayable(path: str | os.PathLike) -> bool:
