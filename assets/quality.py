@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from pipelines.lake.log import summary  # noqa: E402
+from pipelines.lake.log import read_columns, summary  # noqa: E402
 from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.parsers.sources import get_source, source_names  # noqa: E402
 
@@ -237,10 +237,7 @@ def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
     if engine == "auto" and most_rows is None:
         most_rows = data.count()
     if engine == "pandas" or (engine == "auto" and most_rows is not None and most_rows <= pandas_max_rows):
-        frame = data.toPandas()
-        result = run_suite(frame, suite)
-        return Outcome(suite.name, bool(result.success), len(result.results), len(frame), "pandas",
-                       _failures(result))
+        return _validate_pandas(data.toPandas(), suite)
     data = data.cache()
     try:
         rows = data.count()  # fills the cache the suite then reads
@@ -257,15 +254,42 @@ def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
         data.unpersist()
 
 
+def _validate_pandas(frame: pd.DataFrame, suite: gx.ExpectationSuite) -> Outcome:
+    result = run_suite(frame, suite)
+    return Outcome(suite.name, bool(result.success), len(result.results), len(frame), "pandas", _failures(result))
+
+
 def validate_table(spark: SparkSession, lake: Lake, table: str, *, engine: str = "auto",
                    window_days: int | None = None) -> Outcome:
-    """Validate the current snapshot of `table` (optionally only its last `window_days` event dates)."""
+    """Validate the current snapshot of `table` (optionally only its last `window_days` event dates).
+
+    A table small enough for pandas is read by delta-rs, the suite's columns only: Spark's read of
+    it first rebuilds the table's state (1-2 s a table; docs/performance.md, "The checks' frames
+    from delta-rs"). A table delta-rs cannot read alone (`read_columns`), or a larger one, is
+    validated through Spark.
+    """
+    suite = suite_for(table)
+    path = lake.path(table)
+    # The log's count is the newest snapshot's, which a running stream may have moved past the one read:
+    # close enough to choose the engine by.
+    most_rows = summary(path).rows
+    if engine == "pandas" or (engine == "auto" and most_rows is not None and most_rows <= PANDAS_MAX_ROWS):
+        named = {e.column for e in suite.expectations if getattr(e, "column", None)}  # type: ignore[attr-defined]
+        since = (datetime.now(timezone.utc).date() - timedelta(days=window_days)
+                 if window_days is not None and "event_date" in Lake.spec(table).schema.fieldNames() else None)
+        try:
+            rows = read_columns(path, sorted(named | ({"event_date"} if since is not None else set())))
+        except LookupError:
+            rows = None
+        if rows is not None:
+            frame = rows.to_pandas()
+            if since is not None:
+                frame = frame[frame["event_date"] >= since].reset_index(drop=True)
+            return _validate_pandas(frame[sorted(named)], suite)
     df = lake.read(spark, table)
     if window_days is not None and "event_date" in df.columns:
         df = df.where(F.col("event_date") >= F.date_sub(F.current_date(), window_days))
-    # The log's count is the newest snapshot's, which a running stream may have moved past the one read:
-    # close enough to choose the engine by.
-    return validate(df, suite_for(table), engine=engine, most_rows=summary(lake.path(table)).rows)
+    return validate(df, suite, engine=engine, most_rows=most_rows)
 
 
 # --- quarantine ratio --------------------------------------------------------------------------

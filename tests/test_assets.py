@@ -293,6 +293,35 @@ def test_ge_suite_passes_good_rows_and_names_failed_expectations_on_bad_rows(spa
         assert "10.0.0.300" in broken.describe()
 
 
+def test_a_table_is_validated_from_delta_rs_like_through_spark(spark, tmp_path):
+    from datetime import date, timedelta
+
+    from pipelines.lake.sink import DeltaSink
+
+    schema = Lake.spec("silver_conn").schema
+    today = date.today()
+    good = dict({f.name: None for f in schema.fields}, event_id="e1", event_time=_ts(f"{today} 00:00:01"),
+                event_date=today, source="zeek", src_ip="10.0.0.5", dst_ip="fe80::1", src_port=5353,
+                dst_port=53, proto="udp", conn_state="SF")
+    old_bad = dict(good, event_id="e2", src_ip="10.0.0.300", event_date=today - timedelta(days=10))
+    bad = dict(good, event_id=None, proto="TCPX", dst_port=70000)
+    lake = Lake(Home.resolve(str(tmp_path / "home")))
+    DeltaSink(lake.path("silver_conn"), app_id="t", partition_by=["event_date"]).write_batch(
+        spark.createDataFrame([good, old_bad, bad], schema), 0)
+
+    def failed(outcome):
+        return sorted((f.expectation, f.column, f.unexpected_count, tuple(f.examples)) for f in outcome.failed)
+
+    through_spark = quality.validate(lake.read(spark, "silver_conn"), quality.suite_for("silver_conn"),
+                                     engine="pandas")
+    every, jobs = spark_jobs(spark, lambda: quality.validate_table(spark, lake, "silver_conn"))
+    assert jobs == 0 and every.engine == "pandas"  # read by delta-rs: no Spark job
+    assert (every.rows, failed(every)) == (3, failed(through_spark))
+    recent, jobs = spark_jobs(spark, lambda: quality.validate_table(spark, lake, "silver_conn", window_days=3))
+    assert jobs == 0 and recent.rows == 2  # the row ten days old is out of the window, and its bad address
+    assert {f.column for f in recent.failed} == {"event_id", "proto", "dst_port"}
+
+
 def test_ge_suites_cover_mac_severity_and_qtype():
     kinds = {(e.expectation_type, e.column) for e in quality.expectations_for("silver_ids_alerts")}
     assert ("expect_column_values_to_be_in_set", "severity") in kinds
