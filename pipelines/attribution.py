@@ -452,8 +452,14 @@ def load_devices(spark: SparkSession, path: Path) -> DataFrame:
     return spark.createDataFrame(list(rows.values()), schema)
 
 
+# The enriched joins' second key column, each side's slot of time (`attribute`). The slot is a
+# fixed length, not `lease_piece`: state written before that setting changes keeps its slots.
+_EVENT_SLOT, _LEASE_SLOT = "event_slot", "lease_slot"
+_SLOT_MS = 10 * 60 * 1000
+
+
 def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, DataFrame], devices: DataFrame, table: str,
-              settings: Settings) -> DataFrame:
+              settings: Settings, *, bucketed: bool = True) -> DataFrame:
     """Join an event stream with the lease piece holding its IP at its time, then the inventory.
 
     A matched event is emitted in the micro-batch where both it and its piece are in. The time
@@ -465,6 +471,14 @@ def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, Data
     passes its end, so every piece starts at most a piece before anything emitted earlier, and
     none is ever late. Both sides also take the end-of-input marks (`marks`).
 
+    The join's key is the address and the event's 10-minute slot of time (`bucketed`): a piece is
+    keyed under each slot it overlaps (one or two at the default `lease_piece`), so an event meets
+    only its address's pieces of its own slot, not all of them. A run-once passing a day in one
+    micro-batch holds the whole day in the join state, where an address's 144 pieces a day each
+    met every event of that address (docs/performance.md, "The join keyed by time slot"). A
+    checkpoint started before the slot (`bucketed_join`) keeps the address alone as key: Spark
+    resumes no other.
+
     `start_enriched` calls it with the silver stream, the dhcp_leases stream, the marks stream and
     `load_devices` of the home's inventory.
     """
@@ -474,13 +488,44 @@ def attribute(events: DataFrame, leases: DataFrame, marks: tuple[DataFrame, Data
     ls = with_marks(leases, marks[1], "valid_from", settings.lease_piece).select(
         F.col("ip").alias("lease_ip"), F.col("mac").alias("lease_mac"), F.col("hostname").alias("lease_hostname"),
         F.col("valid_from").alias("lease_valid_from"), F.col("valid_to").alias("lease_valid_to"))
-    matched = ev.join(ls, (ev.attributed_ip == ls.lease_ip)
+    key = ev.attributed_ip == ls.lease_ip
+    if bucketed:
+        ev = ev.withColumn(_EVENT_SLOT, _slot(F.col("event_time"), _SLOT_MS))
+        first, last = _slot(F.col("lease_valid_from"), _SLOT_MS), _slot(F.col("lease_valid_to"), _SLOT_MS, end=True)
+        ls = ls.withColumn(_LEASE_SLOT, F.explode(F.sequence(first, F.greatest(first, last))))
+        key = (ev.attributed_ip == ls.lease_ip) & (ev[_EVENT_SLOT] == ls[_LEASE_SLOT])
+    matched = ev.join(ls, key
                       & (ls.lease_valid_from <= ev.event_time) & (ev.event_time < ls.lease_valid_to)
                       & (ls.lease_valid_from >= ev.event_time - piece), "left_outer")
     with_devices = matched.join(F.broadcast(devices), matched.lease_mac == devices.inv_mac, "left_outer")
     silver = [c for c in ENRICHED_SCHEMAS[table].fieldNames() if c in events.columns]
     return with_devices.select(*silver, "attributed_ip", F.col("lease_mac").alias("mac"),
                                F.col("lease_hostname").alias("hostname"), "device", "owner", "lease_valid_from")
+
+
+def _slot(time: Column, slot_ms: int, *, end: bool = False) -> Column:
+    """The number of the `slot_ms`-long slot of epoch time holding `time`; with `end`, of the
+    last millisecond before `time` (a piece's `valid_to` is not in it)."""
+    millis = F.unix_millis(time) - (1 if end else 0)
+    return F.floor(millis / F.lit(slot_ms))
+
+
+def bucketed_join(checkpoint: Path) -> bool:
+    """Whether an enriched query's join is keyed by address and time slot (`attribute`): yes,
+    unless its checkpoint holds join state keyed by the address alone (started before the slot).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     bucketed_join(Path(tmp))
+    True
+    """
+    schema = checkpoint / "state" / "0" / "0" / "left-keyToNumValues" / "_metadata" / "schema"
+    try:
+        text = schema.read_text(errors="replace")
+    except FileNotFoundError:
+        return True
+    # The file holds the key's schema as JSON first: `field0` is the address, `field1` the slot.
+    return '"field1"' in text.split("}]}", 1)[0]
 
 
 # Set on the copy of each row that carries its attribution watermark (NULL on the rows themselves).
@@ -642,7 +687,12 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     devices = load_devices(session, lake.home.reference / INVENTORY_FILE)
     # Each side reads the marks as a source of its own, so neither side's plan shares column ids
     # with the other's (the optimizer infers filters across the join from them).
-    frame = attribute(events, leases, (read_marks(session, lake), read_marks(session, lake)), devices, table, settings)
+    bucketed = bucketed_join(lake.home.checkpoint(table))
+    if not bucketed:
+        log.warning("%s: its checkpoint predates the join keyed by time slot, so a run-once over a long backlog "
+                    "is slower; start it afresh to use it (docs/attribution.md, \"The join\")", table)
+    frame = attribute(events, leases, (read_marks(session, lake), read_marks(session, lake)), devices, table, settings,
+                      bucketed=bucketed)
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)
 
 

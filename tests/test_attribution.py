@@ -6,6 +6,7 @@ import random
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from conftest import state_partitions
@@ -338,6 +339,31 @@ def test_one_run_once_over_a_backlog_of_small_commits_attributes_every_event(spa
     assert not lake.exists("late_events") or lake.read(spark, "late_events").count() == 0
     # A new checkpoint takes the default state_partitions (1), whatever the session's shuffle partitions.
     assert state_partitions(lake, attribution.LEASES) == state_partitions(lake, "enriched_conn") == {"1"}
+    assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
+    assert attribution.bucketed_join(lake.home.checkpoint("enriched_conn"))  # a new checkpoint: address and slot
+
+
+def test_a_checkpoint_keyed_by_the_address_alone_resumes_with_that_key(spark, tmp_path, monkeypatch, caplog):
+    """A checkpoint made before the join was keyed by time slot: Spark resumes join state only
+    with the key it was written with, so the query keeps the address alone, says so once, and
+    attributes the rest of the input as before. Forced to the new key, the resume fails."""
+    lake = Lake(Home.resolve(tmp_path).create())
+    rows, expected = scenario()
+    commit(lake, "silver_dhcp", rows["silver_dhcp"])
+    commit(lake, "silver_conn", [r for r in rows["silver_conn"] if r["event_time"] < at(10)])
+    with monkeypatch.context() as patch:
+        patch.setattr(attribution, "bucketed_join", lambda checkpoint: False)  # the code before the slot
+        run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=False)
+    checkpoint = lake.home.checkpoint("enriched_conn")
+    assert not attribution.bucketed_join(checkpoint)
+    commit(lake, "silver_conn", [r for r in rows["silver_conn"] if r["event_time"] >= at(10)])
+    with monkeypatch.context() as patch:
+        patch.setattr(attribution, "bucketed_join", lambda checkpoint: True)
+        with pytest.raises(StreamingQueryException, match="STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"):
+            run_stages(spark, lake, SETTINGS, ("enriched_conn",), flush=False)
+    caplog.clear()
+    run_stages(spark, lake, SETTINGS, ("enriched_conn",))
+    assert caplog.text.count("predates the join keyed by time slot") == 1
     assert attributed(spark, lake, "enriched_conn") == {k: v for k, v in expected.items() if k.startswith("c")}
 
 
