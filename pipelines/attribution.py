@@ -35,7 +35,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
 from pipelines import end_of_input
-from pipelines.checkpoint import newest, read_batch
+from pipelines.checkpoint import newest, read_batch, state_key
 from pipelines.dhcp_clock import DHCP_CLOCK, read_clock
 from pipelines.end_of_input import END_OF_INPUT, mark_input, read_marks, with_marks
 from pipelines.lake.registry import Lake
@@ -519,13 +519,8 @@ def bucketed_join(checkpoint: Path) -> bool:
     ...     bucketed_join(Path(tmp))
     True
     """
-    schema = checkpoint / "state" / "0" / "0" / "left-keyToNumValues" / "_metadata" / "schema"
-    try:
-        text = schema.read_text(errors="replace")
-    except FileNotFoundError:
-        return True
-    # The file holds the key's schema as JSON first: `field0` is the address, `field1` the slot.
-    return '"field1"' in text.split("}]}", 1)[0]
+    key = state_key(checkpoint, "left-keyToNumValues")
+    return key is None or len(key) > 1
 
 
 # Set on the copy of each row that carries its attribution watermark (NULL on the rows themselves).

@@ -83,6 +83,38 @@ def next_watermark_ms(checkpoint: str | os.PathLike, number: int) -> int:
     return int(json.loads(lines[1]).get("nextBatchWatermarkMs", 0)) if len(lines) > 1 else 0
 
 
+def state_key(checkpoint: str | os.PathLike, store: str, operator: int = 0) -> list[str] | None:
+    """The key's field names of a stateful operator's state store, from its schema file
+    (`state/<operator>/0/<store>/_metadata/schema`: Spark's version, then the key's and the value's
+    schema as JSON); None before the operator wrote state. ValueError naming the file when it is
+    not Spark's format.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     meta = Path(tmp, "state", "0", "0", "left-keyToNumValues", "_metadata"); meta.mkdir(parents=True)
+    ...     key = '{"type":"struct","fields":[{"name":"field0","type":"string","nullable":true,"metadata":{}}]}'
+    ...     _ = (meta / "schema").write_text(f"v2\\n{key}\\n{key}")
+    ...     found = state_key(tmp, "left-keyToNumValues"), state_key(tmp, "right-keyToNumValues")
+    ...     _ = (meta / "schema").write_text("v2 cut short")
+    ...     try:
+    ...         state_key(tmp, "left-keyToNumValues")
+    ...     except ValueError as exc:
+    ...         error = str(exc).split("/left-keyToNumValues/")[1]
+    >>> found, error
+    ((['field0'], None), '_metadata/schema: not a Spark state schema (substring not found)')
+    """
+    path = as_path(checkpoint) / "state" / str(operator) / "0" / store / "_metadata" / "schema"
+    try:
+        # Binary length prefixes sit between the parts: the key's schema is the first JSON object.
+        text = path.read_text(errors="replace")
+        key, _ = json.JSONDecoder().raw_decode(text, text.index("{"))
+        return [field["name"] for field in key["fields"]]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a Spark state schema ({exc})") from None
+
+
 def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
     """Every file the checkpoint's file sources have planned into a batch -> that batch's number,
     as the URIs Spark records (`file:///...`), from `sources/<n>/`: the newest `<b>.compact` (it
