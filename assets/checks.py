@@ -96,7 +96,7 @@ def expectations_check(table: str) -> AssetChecksDefinition:
 
 def quarantine_ratio_checks(tables: list[str]) -> AssetChecksDefinition:
     """The blocking `quarantine_ratio` check of each silver table in `tables`, over the sources that
-    feed it: one op (`quarantine_ratio`) that counts every source's lines once, in one Spark job."""
+    feed it: one op (`quarantine_ratio`) that counts every source's lines once."""
     feeds = {table: tuple(sorted({source for source, _ in silver_feeds(table)})) for table in tables}
     specs = [AssetCheckSpec(QUARANTINE_RATIO, asset=table_key(table), blocking=True,
                             description=f"quarantined / (good + quarantined) lines of {', '.join(sources)} under "

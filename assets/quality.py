@@ -301,11 +301,58 @@ def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tupl
 
     Counts lines ingested in the `window_hours` up to `now` (default: the current time; all lines
     if None), so that a bad file stands out instead of being diluted by the table's history.
+    The window's `source` and `parse_ok` are read by delta-rs: through Spark the count took the demo
+    5-6 s (docs/performance.md, "The quarantine check from delta-rs"). When delta-rs cannot read a
+    table alone (`read_columns`), Spark counts them all.
     """
     sources = tuple(sources) if sources is not None else source_names()
     until = now or datetime.now(timezone.utc)
     since = until - timedelta(hours=window_hours) if window_hours is not None else None
+    tables = [t for t in sorted({get_source(source).bronze_table for source in sources}) if lake.exists(t)]
+    quarantine = lake.exists("quarantine")
+    try:
+        good, bad = _counts_from_files(lake, tables, quarantine, sources, since, until)
+    except LookupError:
+        good, bad = _counts_from_spark(spark, lake, tables, quarantine, sources, since, until)
+    frame = pd.DataFrame({"source": list(sources), "good": [good.get(s, 0) for s in sources],
+                          "quarantined": [bad.get(s, 0) for s in sources]})
+    total = frame["good"] + frame["quarantined"]
+    frame["ratio"] = (frame["quarantined"] / total.where(total > 0)).fillna(0.0)
+    return frame
 
+
+def _counts_from_files(lake: Lake, tables: list[str], quarantine: bool, sources: tuple[str, ...],
+                       since: datetime | None, until: datetime) -> tuple[dict[str, int], dict[str, int]]:
+    """(good lines, quarantined lines) per source in the window, read by delta-rs; LookupError as `read_columns`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    window = ("ingest_time", since, until) if since is not None else None
+
+    def per_source(table: str, flag: str | None) -> dict[str, int]:
+        rows = read_columns(lake.path(table), ["source", *([flag] if flag else [])], window)
+        rows = rows.filter(pc.is_in(rows.column("source"), pa.array(sources)))
+        if flag:
+            counted = rows.group_by(["source"]).aggregate([(flag, "sum")])
+            return {r["source"]: int(r[f"{flag}_sum"] or 0) for r in counted.to_pylist()}
+        counted = rows.group_by(["source"]).aggregate([([], "count_all")])
+        return {r["source"]: r["count_all"] for r in counted.to_pylist()}
+
+    good: dict[str, int] = {}
+    for table in tables:
+        try:
+            found = per_source(table, "parse_ok")
+        except ValueError:  # a bronze table without parse_ok: every line of it parsed, as the Spark count takes it
+            found = per_source(table, None)
+        for source, n in found.items():
+            good[source] = good.get(source, 0) + n
+    return good, per_source("quarantine", None) if quarantine else {}
+
+
+def _counts_from_spark(spark: SparkSession, lake: Lake, tables: list[str], quarantine: bool,
+                       sources: tuple[str, ...], since: datetime | None, until: datetime
+                       ) -> tuple[dict[str, int], dict[str, int]]:
+    """(good lines, quarantined lines) per source in the window, in one Spark query."""
     def recent(table: str) -> DataFrame:
         # The window's lines from the files whose ingest_time statistics allow them: Delta's own scan
         # first rebuilds each table's state with Spark jobs (docs/performance.md, "The quarantine
@@ -314,27 +361,21 @@ def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tupl
             return lake.read(spark, table)
         return lake.read_in_range(spark, table, "ingest_time", since, until)
 
-    # One Spark query for every source: each bronze table's good lines and the quarantine's lines, unioned.
     parts = []
-    for table in sorted({get_source(source).bronze_table for source in sources}):
-        if lake.exists(table):
-            df = recent(table).where(F.col("source").isin(list(sources)))
-            ok = F.col("parse_ok") if "parse_ok" in df.columns else F.lit(True)
-            parts.append(df.select("source", ok.cast("int").alias("good"), F.lit(0).alias("bad")))
-    if lake.exists("quarantine"):
+    for table in tables:
+        df = recent(table).where(F.col("source").isin(list(sources)))
+        ok = F.col("parse_ok") if "parse_ok" in df.columns else F.lit(True)
+        parts.append(df.select("source", ok.cast("int").alias("good"), F.lit(0).alias("bad")))
+    if quarantine:
         parts.append(recent("quarantine").where(F.col("source").isin(list(sources)))
                      .select("source", F.lit(0).alias("good"), F.lit(1).alias("bad")))
-    good = {s: 0 for s in sources}
-    bad = {s: 0 for s in sources}
+    good: dict[str, int] = {}
+    bad: dict[str, int] = {}
     if parts:
         union = functools.reduce(DataFrame.unionByName, parts)
         for row in union.groupBy("source").agg(F.sum("good").alias("good"), F.sum("bad").alias("bad")).collect():
             good[row["source"]], bad[row["source"]] = int(row["good"]), int(row["bad"])
-    frame = pd.DataFrame({"source": list(sources), "good": [good[s] for s in sources],
-                          "quarantined": [bad[s] for s in sources]})
-    total = frame["good"] + frame["quarantined"]
-    frame["ratio"] = (frame["quarantined"] / total.where(total > 0)).fillna(0.0)
-    return frame
+    return good, bad
 
 
 def validate_quarantine_ratio(counts: pd.DataFrame, max_ratio: float = DEFAULT_MAX_QUARANTINE_RATIO) -> Outcome:
