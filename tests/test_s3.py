@@ -20,6 +20,7 @@ import pytest
 
 from pipelines import etl
 from pipelines.home import Home
+from pipelines.lake import log as lake_log
 from pipelines.objectstore.path import ObjectPath, remove_tree
 from test_faults import (
     KILL_WATERMARKS,
@@ -166,10 +167,10 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
     written = read_columns(home.table("alerts"), ["alert_id"])["alert_id"]
     assert int(rows["alerts"][header.index("rows")]) == len(written)
     # A time window read by delta-rs on the store (the quarantine check's counts) keeps its rows only.
-    times = sorted(read_columns(home.table("silver_dns"), ["event_time"])["event_time"].to_pylist())
+    times = sorted(read_columns(home.table("silver_dns"), ["event_time"])["event_time"])
     middle, last = times[len(times) // 2], times[-1]
-    inside = read_columns(home.table("silver_dns"), ["event_time"], ("event_time", middle, last))
-    assert 0 < len(inside) == sum(t >= middle for t in times) < len(times)
+    inside = lake_log.read_columns(home.table("silver_dns"), ["event_time"], ("event_time", middle, last))
+    assert 0 < inside.num_rows == sum(t >= middle for t in times) < len(times)
     without = {k: v for k, v in env.items() if k != "SECLAKE_LAKE"}
     refused = subprocess.run(seclake("tables", "--home", str(home.root)), cwd=REPO, env=without,
                              capture_output=True, text=True, timeout=120)
