@@ -12,12 +12,15 @@ materialisation fails with the validation error (not retried): one bad file neit
 code location nor disappears silently.
 """
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from dagster import (
+    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -25,8 +28,8 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
-    asset_check,
     multi_asset,
+    multi_asset_check,
 )
 
 from assets.resources import LakeResource, SparkResource
@@ -144,22 +147,37 @@ def invalid_rule_asset(path: Path, reason: str, slug: str | None = None) -> Asse
     return _invalid
 
 
-def rule_enabled_check(rule) -> AssetChecksDefinition:
-    """The `rule_enabled` check of a rule asset: fails while `rule_status` has the rule disabled."""
+RULE_ENABLED = "rule_enabled"
 
-    @asset_check(asset=rule_key(rule.slug), name="rule_enabled", blocking=False,
-                 description="the rule is not disabled after failing at run time (rule_status; "
-                             "`seclake rules enable` re-enables it)")
-    def _check(spark: SparkResource, lake: LakeResource) -> AssetCheckResult:
+
+def rule_enabled_checks(rules: list) -> AssetChecksDefinition:
+    """The `rule_enabled` check of each rule asset in `rules`: fails while `rule_status` has the rule
+    disabled. One op (`rule_enabled`) reads `rule_status` once for them all: a step per rule cost
+    `seclake demo` about 0.3 s each (docs/performance.md, "Shared tables")."""
+    specs = [AssetCheckSpec(RULE_ENABLED, asset=rule_key(rule.slug), blocking=False,
+                            description="the rule is not disabled after failing at run time (rule_status; "
+                                        "`seclake rules enable` re-enables it)")
+             for rule in rules]
+
+    @multi_asset_check(name=RULE_ENABLED, specs=specs, can_subset=True,
+                       description="every selected rule is not disabled after failing at run time")
+    def _check(context: AssetCheckExecutionContext, spark: SparkResource,
+               lake: LakeResource) -> Iterator[AssetCheckResult]:
         from pipelines.rules.health import DISABLED
         from pipelines.rules.status import RuleStatus
 
-        health = RuleStatus(spark.session, lake.lake).get(rule.slug, rule.content_hash)
-        return AssetCheckResult(
-            passed=health.state != DISABLED, severity=AssetCheckSeverity.ERROR,
-            description=f"{rule.slug}: {health.state}" + (f" ({health.reason})" if health.reason else ""),
-            metadata={"state": health.state, "failures_in_a_row": health.failures, "reason": health.reason or "-",
-                      "retry_at": health.retry_at.isoformat() if health.retry_at else "-"})
+        chosen = {key.asset_key for key in context.selected_asset_check_keys}
+        status = RuleStatus(spark.session, lake.lake)
+        for rule in rules:
+            if rule_key(rule.slug) not in chosen:
+                continue
+            health = status.get(rule.slug, rule.content_hash)
+            yield AssetCheckResult(
+                asset_key=rule_key(rule.slug), check_name=RULE_ENABLED,
+                passed=health.state != DISABLED, severity=AssetCheckSeverity.ERROR,
+                description=f"{rule.slug}: {health.state}" + (f" ({health.reason})" if health.reason else ""),
+                metadata={"state": health.state, "failures_in_a_row": health.failures, "reason": health.reason or "-",
+                          "retry_at": health.retry_at.isoformat() if health.retry_at else "-"})
 
     return _check
 
@@ -167,7 +185,8 @@ def rule_enabled_check(rule) -> AssetChecksDefinition:
 def rule_checks(rules_dir: Path | str | None = None) -> list[AssetChecksDefinition]:
     """`rule_enabled` on the asset of every valid rule file under `rules_dir`."""
     folder = Path(rules_dir) if rules_dir else default_rules_dir()
-    return [rule_enabled_check(rule) for rule in scan(folder).rules] if folder.is_dir() else []
+    rules = scan(folder).rules if folder.is_dir() else []
+    return [rule_enabled_checks(rules)] if rules else []
 
 
 def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:

@@ -23,7 +23,7 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from pipelines.lake.log import commits, summary
+from pipelines.lake.log import commits, read_columns, summary
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport, Stage
 from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables, waves
@@ -226,6 +226,11 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     return _wave
 
 
+# The columns a shared table's asset counts its rows by, the first of each that the table has.
+SHARED_LABELS = (("rows_by_rule", ("rule_name", "rule_id")), ("rows_by_severity", ("severity",)),
+                 ("rows_by_source", ("source", "stage", "query")))
+
+
 def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -> AssetsDefinition:
     """The asset of a table that several queries append to (`alerts`, `late_events`).
 
@@ -246,14 +251,23 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
         if not the_lake.exists(table):
             meta.update({"dagster/row_count": 0, "note": f"{table} has not been written yet"})
             return MaterializeResult(asset_key=table_key(table), metadata=meta)
-        df = the_lake.read(spark.session, table)
-        meta["dagster/row_count"] = df.count()
-        for label, candidates in (("rows_by_rule", ("rule_name", "rule_id")), ("rows_by_severity", ("severity",)),
-                                  ("rows_by_source", ("source", "stage", "query"))):
-            column = next((c for c in candidates if c in df.columns), None)
-            if column:
-                counts = {str(r[column]): r["count"] for r in df.groupBy(column).count().collect()}
-                meta[label] = MetadataValue.json(counts)
+        names = Lake.spec(table).schema.fieldNames()
+        labels = {label: column for label, candidates in SHARED_LABELS
+                  if (column := next((c for c in candidates if c in names), None))}
+        try:
+            # delta-rs reads the label columns alone: a Spark read first rebuilt the table's state,
+            # about 2 s of `seclake demo` per shared table (docs/performance.md, "Shared tables").
+            rows = read_columns(the_lake.path(table), sorted(set(labels.values())))
+            meta["dagster/row_count"] = rows.num_rows
+            for label, column in labels.items():
+                counted = rows.group_by([column]).aggregate([([], "count_all")]).to_pylist()
+                meta[label] = MetadataValue.json({str(r[column]): r["count_all"] for r in counted})
+        except LookupError:  # a table delta-rs cannot read alone (`read_columns`)
+            df = the_lake.read(spark.session, table)
+            meta["dagster/row_count"] = df.count()
+            for label, column in labels.items():
+                meta[label] = MetadataValue.json({str(r[column]): r["count"]
+                                                  for r in df.groupBy(column).count().collect()})
         return MaterializeResult(asset_key=table_key(table), metadata=meta)
 
     return _shared

@@ -205,6 +205,11 @@ def test_run_once_job_materialises_every_table_with_run_metadata(spark, sample_r
     # every rule file was run (or reported that its input does not exist yet)
     for slug in (p.stem for p in (REPO / "rules").rglob("*.sql")):
         assert f"rules/{slug}" in done
+    # the shared `alerts` asset counts the table as Spark does (its counts come from delta-rs)
+    alerts = lake.read(spark, "alerts")
+    shared = done[tables.table_key("alerts").to_user_string()]
+    assert shared["dagster/row_count"] == alerts.count() > 0
+    assert shared["rows_by_rule"] == {r.rule_name: r["count"] for r in alerts.groupBy("rule_name").count().collect()}
 
 
 def test_run_once_job_runs_great_expectations_checks_that_pass_on_sample_data(sample_run):
@@ -213,6 +218,9 @@ def test_run_once_job_runs_great_expectations_checks_that_pass_on_sample_data(sa
     assert "silver/dns:expectations" in results and "silver/conn:quarantine_ratio" in results
     failed = {k: v.description for k, v in results.items() if not v.passed}
     assert not failed, failed
+    # one `rule_enabled` op checked every rule asset
+    slugs = {p.stem for p in (REPO / "rules").rglob("*.sql")}
+    assert {k for k in results if k.endswith(":rule_enabled")} == {f"rules/{slug}:rule_enabled" for slug in slugs}
     dns = results["silver/dns:expectations"]
     assert dns.metadata["evaluated"].value >= 5 and dns.metadata["rows"].value > 0
 

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from dagster import build_asset_check_context
 
 from assets.resources import LakeResource, SparkResource
-from assets.rules import rule_enabled_check
+from assets.rules import rule_enabled_checks, rule_key
 from pipelines.cli import main
 from pipelines.home import Home
 from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp, tables_up
@@ -81,8 +82,12 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
     assert [a.rule_id for a in rows if a.rule_id != PLATFORM_RULE_ID] == [good.id]
 
     # Dagster's `rule_enabled` check on the rule's asset fails, naming the reason.
-    check = rule_enabled_check(bad)(spark=SparkResource(ui=False), lake=LakeResource(home=str(lake.home.root)))
+    checks = rule_enabled_checks([good, bad])
+    results = {r.asset_key: r for r in checks(build_asset_check_context(), spark=SparkResource(ui=False),
+                                                lake=LakeResource(home=str(lake.home.root)))}
+    check = results[rule_key(bad.slug)]
     assert not check.passed and check.metadata["state"].value == DISABLED and "CAST_INVALID_INPUT" in check.description
+    assert results[rule_key(good.slug)].passed and len(results) == 2
 
     # `seclake rules status` exits 1 while a rule is disabled; `enable` brings it back, once.
     home = ["--home", str(lake.home.root), "--rules", str(bad_file.parent)]
