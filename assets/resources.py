@@ -45,10 +45,11 @@ class SparkResource(ConfigurableResource):
         if self._session is None:
             from pyspark import SparkContext
 
-            from pipelines.spark import get_spark
+            from pipelines.spark import BUILDING, get_spark
 
-            already_running = SparkContext._active_spark_context is not None
-            self._session = get_spark(self.master, app_name=self.app_name, ui=self.ui, conf=dict(self.conf))
+            with BUILDING:  # a session being built in another thread (assets/launch.py) is not this one's
+                already_running = SparkContext._active_spark_context is not None
+                self._session = get_spark(self.master, app_name=self.app_name, ui=self.ui, conf=dict(self.conf))
             self._owned = not already_running
         return self._session
 

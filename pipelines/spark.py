@@ -182,6 +182,16 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     >>> logging.getLogger("py4j").isEnabledFor(logging.ERROR)  # unless $SECLAKE_SPARK_LOG_LEVEL asks for it
     False
     """
+    with BUILDING:
+        return _build(master, app_name, ui, conf)
+
+
+# Held while a session is built: `assets/launch.py` builds the run's session in a thread while
+# Dagster sets up its run, and the run's first step may ask for it before that thread is done.
+BUILDING = threading.RLock()
+
+
+def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | None) -> SparkSession:
     check_java()
     # Python workers (data sources, pandas state processors) must run this interpreter, the one
     # with pyarrow; pyspark reads the variable only when the SparkContext starts.
