@@ -34,8 +34,8 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
     from assets.definitions import defs
 
     job = defs.resolve_job_def(job_name)
-    # The run's SparkSession is built beside Dagster's own set-up of the run (its instance and the
-    # run's record, ~8 s on a new home), not by the first step after it; the run's `spark` resource
+    # The run's SparkSession is built beside Dagster's own set-up of the run (its instance, the run's
+    # record: the demo's first step starts ~9 s after this process), not by that step; the run's `spark` resource
     # then finds it running. This resource started it, so it stops it when the run is over.
     spark = resources_for_environment()["spark"]
     assert isinstance(spark, SparkResource)

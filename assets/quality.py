@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from pipelines.lake.log import read_columns, summary  # noqa: E402
+from pipelines.lake.log import read_columns, summary, tally  # noqa: E402
 from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.parsers.sources import get_source, source_names  # noqa: E402
 
@@ -335,8 +335,7 @@ def _counts_from_files(lake: Lake, tables: list[str], quarantine: bool, sources:
         if flag:
             counted = rows.group_by(["source"]).aggregate([(flag, "sum")])
             return {r["source"]: int(r[f"{flag}_sum"] or 0) for r in counted.to_pylist()}
-        counted = rows.group_by(["source"]).aggregate([([], "count_all")])
-        return {r["source"]: r["count_all"] for r in counted.to_pylist()}
+        return dict(tally(rows, ["source"]))
 
     good: dict[str, int] = {}
     for table in tables:

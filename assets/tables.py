@@ -23,7 +23,7 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from pipelines.lake.log import commits, read_columns, summary
+from pipelines.lake.log import commits, read_columns, summary, tally
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport, Stage
 from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables, waves
@@ -260,8 +260,7 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
             rows = read_columns(the_lake.path(table), sorted(set(labels.values())))
             meta["dagster/row_count"] = rows.num_rows
             for label, column in labels.items():
-                counted = rows.group_by([column]).aggregate([([], "count_all")]).to_pylist()
-                meta[label] = MetadataValue.json({str(r[column]): r["count_all"] for r in counted})
+                meta[label] = MetadataValue.json({str(value): n for value, n in tally(rows, [column])})
         except LookupError:  # a table delta-rs cannot read alone (`read_columns`)
             df = the_lake.read(spark.session, table)
             meta["dagster/row_count"] = df.count()

@@ -1,9 +1,10 @@
 """Listings from a table's Delta log without a JVM (delta-rs): instant `seclake tables` and `history`,
 a column's newest value from the files' statistics (`newest_in_stats`), the files whose statistics
-overlap a time range (`files_in_range`), and row counts by group of a small table for a closing
-summary (`count_by`).
+overlap a time range (`files_in_range`), and a few columns of a table's rows (`read_columns`,
+counted by `tally`/`count_by`) for the demo's summary, the shared tables' assets and the quality
+checks, which fall back to Spark when delta-rs cannot read a table alone (`_plain_log`).
 
-Everything else that reads rows, and every write, goes through delta-spark.
+Every other read of rows, and every write, goes through delta-spark.
 """
 from __future__ import annotations
 
@@ -210,10 +211,9 @@ def read_columns(path: str | os.PathLike, columns: list[str],
 
 
 def count_by(path: str | os.PathLike, columns: list[str]) -> list[tuple[Any, ...]]:
-    """Rows per distinct value of `columns`, sorted, each `(*values, count)`: `seclake demo`'s alert
-    count without starting a JVM (a Spark session for it cost the demo about 12 s). Reads only those
-    columns' data; a table with deletion vectors, which seclake never enables, is refused by delta-rs
-    with its own error.
+    """Rows per distinct value of `columns` of the table at `path` (`tally` of `read_columns`):
+    `seclake demo`'s alert count without starting a JVM (a Spark session for it cost the demo about
+    12 s). Reads only those columns' data; LookupError as `read_columns`.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -221,7 +221,17 @@ def count_by(path: str | os.PathLike, columns: list[str]) -> list[tuple[Any, ...
     ...     count_by(tmp, ["k"])
     [('a', 1), ('b', 2)]
     """
-    counted = open_log(path).to_pyarrow_table(columns=columns).group_by(columns).aggregate([([], "count_all")])
+    return tally(read_columns(path, columns), columns)
+
+
+def tally(rows: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    """Rows of the pyarrow Table `rows` per distinct value of `columns`, sorted, each `(*values, count)`.
+
+    >>> import pyarrow as pa
+    >>> tally(pa.table({"k": ["b", "a", "b"]}), ["k"])
+    [('a', 1), ('b', 2)]
+    """
+    counted = rows.group_by(columns).aggregate([([], "count_all")])
     ordered = counted.sort_by([(column, "ascending") for column in columns])
     return [tuple(row[name] for name in [*columns, "count_all"]) for row in ordered.to_pylist()]
 
