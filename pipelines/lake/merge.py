@@ -37,22 +37,23 @@ def upsert(spark: SparkSession, path: str | os.PathLike, rows: DataFrame, key: s
     return int(latest[0])
 
 
-def replace(path: str | os.PathLike, rows: DataFrame) -> int:
+def replace(path: str | os.PathLike, rows: DataFrame) -> tuple[int, int]:
     """Replace every row of the Delta table at `path` with `rows` in one commit (an overwrite:
     readers see the old rows or the new, never a mix; the old ones stay in the history). Returns
-    the version committed.
+    the version committed and the rows it holds, from the commit's own metrics (no second pass
+    over `rows`).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     spark.range(3).write.format("delta").save(tmp)
     ...     replace(tmp, spark.range(5, 7)), spark.read.format("delta").load(tmp).count()
-    (1, 2)
+    ((1, 2), 2)
     """
     from delta.tables import DeltaTable
 
     uri = table_uri(path)
     with delta_errors(uri.rstrip("/").rsplit("/", 1)[-1]):
         rows.write.format("delta").mode("overwrite").save(uri)
-    latest = DeltaTable.forPath(rows.sparkSession, uri).history(1).select("version").first()
+    latest = DeltaTable.forPath(rows.sparkSession, uri).history(1).select("version", "operationMetrics").first()
     assert latest is not None  # a table has at least its version 0
-    return int(latest[0])
+    return int(latest[0]), int(latest[1]["numOutputRows"])

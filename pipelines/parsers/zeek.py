@@ -69,9 +69,7 @@ def parse_zeek(q: Query) -> Query:
                _vals=f"CASE WHEN _tsv AND _pre IS NULL "
                      f"THEN split(raw, {separator_regex('zeek_header.separator')}, -1) END",
                _j=f"CASE WHEN NOT _tsv AND _pre IS NULL THEN from_json(raw, {lit(JSON_SCHEMA)}) END")
-    # Position of each field in this line's #fields (0 when absent: get() then gives NULL).
-    q.stage("*", **{f"_i{i}": f"CAST(array_position(zeek_header.fields, {lit(name)}) - 1 AS INT)"
-                           for i, name in enumerate(FIELDS)})
+    q.stage("*", **{f"_i{i}": f"zeek_header.positions[{i}]" for i in range(len(FIELDS))})
     kind = "CASE WHEN _tsv THEN zeek_header.path ELSE _j._path END"
     old_dhcp = ("CASE WHEN _tsv THEN array_contains(zeek_header.fields, 'assigned_ip') "
                 "ELSE _j.assigned_ip IS NOT NULL OR (_j.uid IS NOT NULL AND _j.uids IS NULL) END")
@@ -159,7 +157,8 @@ def header_blocks(q: Query) -> None:
     A Zeek file is cut at each `#separator` line (Zeek starts every header with it, and
     concatenated logs repeat it); the block's header values are read with regular expressions.
     `zeek_format` is 'tsv' | 'json' | NULL from the file's first characters; `zeek_header` is a
-    struct (separator, set_separator, empty_field, unset_field, path, fields, types), NULL when
+    struct (separator, set_separator, empty_field, unset_field, path, fields, types, and `positions`:
+    each of FIELDS' index in `fields`, -1 when absent), NULL when
     the block has no `#fields`.
     """
     start = "ltrim(substr(text, 1, 64))"
@@ -195,8 +194,12 @@ def header_blocks(q: Query) -> None:
 
     defaults = {name: value(name) if default is None else f"coalesce({value(name)}, {lit(default)})"
                 for name, default in _HEADER_DEFAULTS.items()}
+    q.stage("*", _fields=values_of("fields"))
+    # Each of FIELDS' position in the block's #fields (-1 when absent: get() then gives NULL),
+    # found once per block rather than once per line.
+    positions = ", ".join(f"CAST(array_position(_fields, {lit(name)}) - 1 AS INT)" for name in FIELDS)
     header = ", ".join(["'separator', _sep", *[f"'{n}', {sql}" for n, sql in defaults.items()],
-                        f"'fields', {values_of('fields')}", f"'types', {values_of('types')}"])
+                        "'fields', _fields", f"'types', {values_of('types')}", f"'positions', array({positions})"])
     q.stage(["file", "_file_utf8", "zeek_format", "_nblocks", "_bi", "_before", "_block"],
             zeek_header=f"CASE WHEN _h_fields IS NOT NULL THEN named_struct({header}) END")
 
