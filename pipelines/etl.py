@@ -34,7 +34,7 @@ from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
 from pipelines.parsers.sources import silver_feeds, sources
-from pipelines.query import AVAILABLE_NOW, BatchStats, RunningQuery, Stage, start_query
+from pipelines.query import AVAILABLE_NOW, BatchStats, RunningQuery, Stage, clone_session, start_query, without_codegen
 from pipelines.schemas import SILVER_SCHEMAS
 from pipelines.settings import Settings, interval_seconds
 
@@ -338,7 +338,7 @@ def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) ->
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
     # Run-once needs no clock: its end-of-input mark passes everything (pipelines/dhcp_clock.py).
     writer = EtlWriter(lake, rotation_skew=None if trigger == AVAILABLE_NOW else settings.rotation_skew)
-    query = start_query(parse_files(landing_files(spark, lake, settings)), QUERY_NAME, writer,
+    query = start_query(parse_files(landing_files(_session(spark, trigger), lake, settings)), QUERY_NAME, writer,
                         lake.home.checkpoint(QUERY_NAME), trigger)
     return RunningQuery(QUERY_NAME, query, writer, (*etl_tables(), DHCP_CLOCK))
 
@@ -350,9 +350,16 @@ def start_kafka(spark: SparkSession, lake: Lake, settings: Settings, trigger: di
         raise ValueError("SECLAKE_KAFKA is not set: the ETL from Kafka needs the brokers' host:port")
     check_reachable(bootstrap)
     writer = EtlWriter(lake, app_id=KAFKA_QUERY_NAME)
-    query = start_query(parse_kafka(spark, bootstrap, settings), KAFKA_QUERY_NAME, writer,
+    query = start_query(parse_kafka(_session(spark, trigger), bootstrap, settings), KAFKA_QUERY_NAME, writer,
                         lake.home.checkpoint(KAFKA_QUERY_NAME), trigger)
     return RunningQuery(KAFKA_QUERY_NAME, query, writer, etl_tables())
+
+
+def _session(spark: SparkSession, trigger: dict) -> SparkSession:
+    """The session an ETL query is built in: for run-once a clone without generated code
+    (`without_codegen`), for a stream `spark` itself: under the live feed of `bench/alert_latency.py`
+    the interpreted ETL's hop to silver was slower (performance.md, "The ETL without generated code")."""
+    return without_codegen(clone_session(spark)) if trigger == AVAILABLE_NOW else spark
 
 
 def check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:

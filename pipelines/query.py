@@ -226,6 +226,32 @@ def clone_session(spark: SparkSession) -> SparkSession:
     return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
 
 
+# Spark generates Java source for a plan and compiles it; a streaming query does so for every
+# micro-batch. A streaming rule's batch is tens of rows in `seclake stream`, and Spark compiled about
+# five classes for each one anew (its stateful operators write the batch's watermark into their code
+# as a constant); the ETL's parse is hundreds of expressions whose source took ~0.3 s per batch to
+# generate. On 2 cores that cost more than the rows, so rule sessions and run-once's ETL evaluate
+# their plans interpreted; run-once's big batches (the demo's whole day) were no slower (docs/performance.md,
+# "Rules without generated code", "The ETL without generated code"). The attribution joins keep
+# generated code: run-once's day of rows in one batch ran slower interpreted.
+INTERPRETED: dict[str, str] = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
+def without_codegen(session: SparkSession) -> SparkSession:
+    """`session`, set to evaluate its plans without generated code (INTERPRETED); use it on a clone
+    (`clone_session`), since the settings stay on the session.
+
+    >>> without_codegen(clone_session(spark)).conf.get("spark.sql.codegen.wholeStage")
+    'false'
+    """
+    for key, value in INTERPRETED.items():
+        session.conf.set(key, value)
+    return session
+
+
 def stateful_session(spark: SparkSession, settings: Settings) -> SparkSession:
     """A clone of `spark` (`clone_session`) for building and starting a stateful query: a new
     checkpoint keeps its state in `settings.state_partitions` partitions; an existing one keeps

@@ -51,6 +51,7 @@ from pipelines.query import (
     start_query,
     stateful_session,
     stop_between_batches,
+    without_codegen,
 )
 from pipelines.rules.alerts import alert_frame, detected, unseen
 from pipelines.rules.health import DISABLED, FAILING, RuleHealth
@@ -320,31 +321,20 @@ NO_PUSHDOWN_RULES: tuple[str, ...] = (
     "org.apache.spark.sql.catalyst.optimizer.PushDownPredicates",
     "org.apache.spark.sql.catalyst.optimizer.PushPredicateThroughNonJoin",
 )
-# A streaming rule's micro-batch is tens of rows in `seclake stream`, and Spark generated and
-# compiled about five classes for each one anew, since its stateful operators write the batch's
-# watermark into their code as a constant: on 2 cores the compiling cost more than the rows. So
-# streaming rule sessions evaluate their plans interpreted; run-once's rules, whose batch held the
-# demo's whole day, ran faster too (docs/performance.md, "Rules without generated code"). The
-# attribution joins keep generated code: run-once's day of rows in one batch ran slower interpreted.
-INTERPRETED: dict[str, str] = {
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-}
 
 
 def rule_session(spark: SparkSession, stream: Settings | None = None) -> SparkSession:
     """A session for one rule (`clone_session`): its own temp views and settings, files not
     readable by SQL. Given the `stream`'s settings, one for a streaming rule: a `stateful_session`
     that also keeps filters above the watermark (see NO_PUSHDOWN_RULES) and generates no code
-    (INTERPRETED)."""
+    (`without_codegen`)."""
     session = clone_session(spark) if stream is None else stateful_session(spark, stream)
     session.conf.set("spark.sql.runSQLOnFiles", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
     if stream is not None:
         excluded = [r for r in (session.conf.get("spark.sql.optimizer.excludedRules", "") or "").split(",") if r]
         session.conf.set("spark.sql.optimizer.excludedRules", ",".join([*excluded, *NO_PUSHDOWN_RULES]))
-        for key, value in INTERPRETED.items():
-            session.conf.set(key, value)
+        without_codegen(session)
     return session
 
 
