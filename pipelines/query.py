@@ -229,11 +229,11 @@ def clone_session(spark: SparkSession) -> SparkSession:
 # Spark generates Java source for a plan and compiles it; a streaming query does so for every
 # micro-batch. A streaming rule's batch is tens of rows in `seclake stream`, and Spark compiled about
 # five classes for each one anew (its stateful operators write the batch's watermark into their code
-# as a constant); the ETL's parse is hundreds of expressions whose source took ~0.3 s per batch to
-# generate. On 2 cores that cost more than the rows, so rule sessions and run-once's ETL evaluate
-# their plans interpreted; run-once's big batches (the demo's whole day) were no slower (docs/performance.md,
-# "Rules without generated code", "The ETL without generated code"). The attribution joins keep
-# generated code: run-once's day of rows in one batch ran slower interpreted.
+# as a constant): on 2 cores that cost more than the rows, and run-once's rules ran faster too
+# (docs/performance.md, "Rules without generated code"). Run-once's ETL generated the source of its
+# parse's hundreds of expressions for each micro-batch (~0.3 s), and its day-in-one-batch was no
+# slower interpreted ("The ETL without generated code"); the stream's ETL, whose rows decide under
+# load, and the attribution joins keep generated code, since they ran slower interpreted.
 INTERPRETED: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",

@@ -157,9 +157,8 @@ def header_blocks(q: Query) -> None:
     A Zeek file is cut at each `#separator` line (Zeek starts every header with it, and
     concatenated logs repeat it); the block's header values are read with regular expressions.
     `zeek_format` is 'tsv' | 'json' | NULL from the file's first characters; `zeek_header` is a
-    struct (separator, set_separator, empty_field, unset_field, path, fields, types, and `positions`:
-    each of FIELDS' index in `fields`, -1 when absent), NULL when
-    the block has no `#fields`.
+    struct (separator, set_separator, empty_field, unset_field, path, fields, types, and positions:
+    the index of each of FIELDS in `fields`, -1 when absent), NULL when the block has no `#fields`.
     """
     start = "ltrim(substr(text, 1, 64))"
     q.stage(["file", "text", "_file_utf8"],
