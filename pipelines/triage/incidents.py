@@ -60,5 +60,8 @@ def refresh(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=2
     lake.ensure(spark, ALERTS_TABLE)
     lake.ensure(spark, INCIDENTS_TABLE)
     schema = lake.spec(INCIDENTS_TABLE).schema
-    return replace(lake.path(INCIDENTS_TABLE), incidents(spark, lake, span).select(
-        *[F.col(f.name).cast(f.dataType) for f in schema.fields]))
+    rows = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
+    try:
+        return replace(lake.path(INCIDENTS_TABLE), rows), rows.count()
+    finally:
+        rows.unpersist()
