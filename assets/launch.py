@@ -39,11 +39,16 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
     # then finds it running. This resource started it, so it stops it when the run is over.
     spark = resources_for_environment()["spark"]
     assert isinstance(spark, SparkResource)
+    # Two threads importing the same modules at once can see them half-initialised (a CI run's demo
+    # failed on "partially initialized module 'sqlalchemy.orm.exc'"), so each module is imported by
+    # one thread. The session's first JVM call imports pyspark.testing.utils (NumPy, pandas: py4j's
+    # argument converters); the checks' Great Expectations imports them too. Imported first, here.
+    importlib.import_module("pyspark.testing.utils")
     warm = threading.Thread(target=_build_session, args=(spark,), daemon=True)
     warm.start()
     # Great Expectations takes ~4 s of a core to import, paid by the run's first check. Imported
-    # beside the run's start instead, while this process waits for the Spark JVM to come up.
-    threading.Thread(target=importlib.import_module, args=("assets.quality",), daemon=True).start()
+    # here instead, on this thread, while the Spark JVM comes up.
+    importlib.import_module("assets.quality")
     try:
         return _run(job, job_name, tags)
     finally:
