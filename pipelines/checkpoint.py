@@ -143,6 +143,31 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
     return found
 
 
+def newest_file_time(checkpoint: str | os.PathLike, batch_id: int) -> float | None:
+    """The newest modification time (seconds since the epoch) of the files the checkpoint's file
+    sources planned into batch `batch_id` (`sources/<n>/<batch_id>`, or the `.compact` holding it);
+    None when the batch took no file.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     log = Path(tmp, "sources", "1"); log.mkdir(parents=True)
+    ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1500,"batchId":9}\\n'
+    ...                                        '{"path":"file:///l/b","timestamp":2000,"batchId":9}')
+    ...     newest_file_time(tmp, 9), newest_file_time(tmp, 10)
+    (2.0, None)
+    """
+    times = []
+    sources = as_path(checkpoint) / "sources"
+    for source in sources.iterdir() if sources.is_dir() else ():
+        path = numbered(source).get(batch_id)
+        for line in path.read_text().splitlines()[1:] if path is not None else ():
+            if line.strip():
+                entry = json.loads(line)
+                if int(entry["batchId"]) == batch_id:
+                    times.append(entry["timestamp"] / 1000)
+    return max(times, default=None)
+
+
 def clear_unstarted(checkpoint: str | os.PathLike) -> list[str]:
     """Remove the temporary files a process killed while writing the checkpoint's first offset
     file left behind (hidden `.0.<uuid>.tmp` and their `.crc`); the names removed.

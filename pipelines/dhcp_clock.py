@@ -23,11 +23,13 @@ Why the order is safe: a micro-batch counts for the clock only once all its comm
 a clock row is committed after the silver_dhcp commit of every batch it covers, and Spark asks a
 query's sources for new data in plan order, so a clock row dhcp_leases reads never runs ahead of
 the DHCP lines it reads in the same micro-batch. Files of one rotation that land in different
-ETL batches are covered by `rotation_skew`: a feed's newest event moves the clock only that long
-(wall time) after the ETL committed it (`ClockWriter`: a timer writes the rows).
+ETL batches are covered by `rotation_skew`: a batch's newest events move the clock only that long
+after the newest modification time of its files (`ClockWriter`: a timer writes the rows), and not
+while a landing file modified before then is still uncommitted (a backlog taken a capped batch at
+a time, a batch still running): that file may hold the same rotation's DHCP.
 
-What it cannot know: a sensor's DHCP file delivered more than `rotation_skew` after its other
-logs, or more than `dhcp_log_delay` behind them in event time, is late (dropped by dhcp_leases,
+What it cannot know: a sensor's DHCP file reaching landing more than `rotation_skew` after its
+other logs' modification time, or more than `dhcp_log_delay` behind them in event time, is late (dropped by dhcp_leases,
 counted in `late_events`, kept in silver; a re-run of its time range picks it up), and a line
 with a bogus future time moves its feed's clock as it already moves a watermark. Run-once does
 not need the clock (its end-of-input mark passes everything) and writes none (a row from an
@@ -38,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,6 +57,9 @@ log = logging.getLogger("seclake")
 DHCP_CLOCK = "dhcp_clock"
 # The clock's writer: its own app id, whose txn version is the clock's millisecond (`ClockWriter`).
 CLOCK_APP_ID = "etl_clock"
+# How often a release held back by an uncommitted landing file looks again: a listing of landing and
+# a read of the ETL checkpoint's file log each time, only while a backlog or a batch holds it.
+LANDING_POLL_S = 1.0
 
 
 @dataclass
@@ -102,10 +108,25 @@ class DhcpClock:
             return None
         return min(seen for seen, _, _ in self._pending) + self.hold_s
 
-    def advance(self, now: float) -> datetime | None:
-        """Release what was observed at least `hold_s` before `now`; the clock if it moved, else None."""
-        due = [p for p in self._pending if p[0] + self.hold_s <= now]
-        self._pending = [p for p in self._pending if p[0] + self.hold_s > now]
+    def advance(self, now: float, uncommitted: float | None = None) -> datetime | None:
+        """Release what was observed at least `hold_s` before `now`; the clock if it moved, else None.
+
+        `uncommitted`: the oldest modification time (on `now`'s clock) of a landing file the ETL has
+        not committed. An observation whose hold ends after it stays held: that file, landed within the
+        hold, may be its sensor's DHCP of the same rotation.
+
+        >>> clock = DhcpClock(hold_s=10.0)
+        >>> clock.observe(100.0, {"zeek/a": datetime(2026, 11, 20, 10, 5)}, {"zeek/a"})
+        >>> clock.advance(110.0, uncommitted=104.0) is None   # landed 4 s after the batch, not committed yet
+        True
+        >>> clock.advance(111.0, uncommitted=125.0)           # what is left landed after the hold
+        datetime.datetime(2026, 11, 20, 10, 5)
+        """
+        def released(seen: float) -> bool:
+            return seen + self.hold_s <= now and (uncommitted is None or uncommitted > seen + self.hold_s)
+
+        due = [p for p in self._pending if released(p[0])]
+        self._pending = [p for p in self._pending if not released(p[0])]
         for _, name, newest in due:
             if name not in self.feeds or newest > self.feeds[name]:
                 self.feeds[name] = newest
@@ -137,15 +158,19 @@ class ClockWriter:
     """The file ETL's DHCP clock: `committed` after each micro-batch's commits, rows from a timer.
 
     A timer, not the next micro-batch, releases what waited `hold_s`: when the sensors stop
-    sending (the quiet network the clock is for) there is no next micro-batch. Only the timer
-    thread writes, with an app id of its own and the clock's millisecond as the txn version (a
-    row per new clock value, none twice); a failed write is logged and the clock writes again when
-    it next moves. Rows follow only committed batches, so they never run ahead of silver_dhcp.
+    sending (the quiet network the clock is for) there is no next micro-batch. `uncommitted` gives
+    the oldest modification time of a landing file the ETL has not committed (`DhcpClock.advance`);
+    while such a file holds a release back, the timer looks again every `LANDING_POLL_S`. Times are
+    wall-clock seconds, the clock of file modification times. Only the timer thread writes, with an
+    app id of its own and the clock's millisecond as the txn version (a row per new clock value, none
+    twice); a failed write is logged and the clock writes again when it next moves. Rows follow
+    only committed batches, so they never run ahead of silver_dhcp.
     """
 
-    def __init__(self, lake: Lake, hold_s: float) -> None:
+    def __init__(self, lake: Lake, hold_s: float, uncommitted: Callable[[], float | None]) -> None:
         self.lake = lake
         self.hold_s = hold_s
+        self.uncommitted = uncommitted
         self._sink = lake.sink(DHCP_CLOCK, app_id=CLOCK_APP_ID)
         self._clock: DhcpClock | None = None
         self._spark: SparkSession | None = None
@@ -153,13 +178,17 @@ class ClockWriter:
         self._timer: threading.Timer | None = None
         self._closed = False
 
-    def committed(self, spark: SparkSession, newest: dict[str, datetime], dhcp: set[str]) -> None:
-        """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`)."""
+    def committed(self, spark: SparkSession, newest: dict[str, datetime], dhcp: set[str],
+                  landed: float | None) -> None:
+        """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`), `landed`
+        the newest modification time of its files (`checkpoint.newest_file_time`): its hold counts
+        from there, since a rotation's files are written together, not from the commit."""
         with self._lock:
             if self._clock is None:
                 self._clock = resume(spark, self.lake, self.hold_s)
             self._spark = spark
-            self._clock.observe(time.monotonic(), newest, dhcp)
+            now = time.time()
+            self._clock.observe(now if landed is None else min(landed, now), newest, dhcp)
             self._schedule()
 
     def close(self) -> None:
@@ -172,20 +201,28 @@ class ClockWriter:
             if timer is not threading.current_thread():
                 timer.join(60)
 
-    def _schedule(self) -> None:
+    def _schedule(self, at_least: float = 0.0) -> None:
         """Start the timer for the next release unless one is set (under the lock)."""
         due = self._clock.next_due() if self._clock is not None else None
         if due is None or self._closed or self._timer is not None:
             return
-        self._timer = threading.Timer(max(0.0, due - time.monotonic()), self._fire)
+        self._timer = threading.Timer(max(at_least, due - time.time()), self._fire)
         self._timer.daemon = True
         self._timer.start()
 
     def _fire(self) -> None:
+        try:  # lists landing and reads the checkpoint: outside the lock
+            uncommitted = self.uncommitted()
+        except OSError as exc:  # a release only as without the check; the next batch looks again
+            log.warning("dhcp_clock: could not list the uncommitted landing files: %s", exc)
+            uncommitted = None
         with self._lock:
             if self._closed or self._clock is None or self._spark is None:
                 return
-            moved, feeds, spark = self._clock.advance(time.monotonic()), self._clock.row_feeds(), self._spark
+            now = time.time()
+            moved, feeds, spark = self._clock.advance(now, uncommitted), self._clock.row_feeds(), self._spark
+            due = self._clock.next_due()
+            held_by_landing = due is not None and due <= now
         if moved is not None:
             try:
                 row = spark.createDataFrame([(moved, feeds, None)], DHCP_CLOCK_SCHEMA)
@@ -195,7 +232,7 @@ class ClockWriter:
                 log.warning("dhcp_clock: could not write the clock at %s: %s", moved, error_summary(exc))
         with self._lock:
             self._timer = None
-            self._schedule()
+            self._schedule(LANDING_POLL_S if held_by_landing else 0.0)
 
 
 def resume(spark: SparkSession, lake: Lake, hold_s: float) -> DhcpClock:

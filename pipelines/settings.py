@@ -55,8 +55,9 @@ class Settings:
     lease_watermark: str = "5 minutes"
     # The log files of one rotation of a sensor (Zeek's conn, dns and dhcp logs, moved by one
     # shipper run) land within this much wall time of each other, so they may fall in consecutive
-    # ETL micro-batches: a sensor's newest event moves the DHCP clock (pipelines/dhcp_clock.py) only
-    # this long after the ETL committed it. A DHCP file landing later than that behind its sensor's
+    # ETL micro-batches: a batch's newest events move the DHCP clock (pipelines/dhcp_clock.py) only
+    # this long after its files' newest modification time, and only once every landing file
+    # modified before then is committed. A DHCP file landing later than that behind its sensor's
     # other logs may come out late. Short, because it adds to every quiet-network attribution.
     rotation_skew: str = "10 seconds"
     # How long after its time a sensor may write a DHCP line: Zeek writes a transaction 5 s after

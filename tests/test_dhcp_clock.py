@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import threading
 import time
@@ -23,6 +24,37 @@ SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "sample"
 def naive(t: dt.datetime) -> dt.datetime:
     """`t` as Spark returns timestamps: naive, local time."""
     return t.astimezone().replace(tzinfo=None)
+
+
+def land(landing: Path, paths: list, mtimes: list[float] | None = None) -> None:
+    """Copy `paths` into `landing/<source>/` as a sensor does (a hidden name, then a rename),
+    with the given modification times if any."""
+    for i, path in enumerate(paths):
+        (landing / path.parent.name).mkdir(parents=True, exist_ok=True)
+        hidden, final = landing / path.parent.name / f".{path.name}", landing / path.parent.name / path.name
+        shutil.copy(path, hidden)
+        if mtimes is not None:
+            os.utime(hidden, (mtimes[i], mtimes[i]))
+        hidden.rename(final)
+
+
+def clocks(spark, lake: Lake) -> list:
+    """The clock rows' values, oldest first (the ETL's first clock row creates the table)."""
+    return sorted(r.clock for r in lake.read(spark, DHCP_CLOCK).collect()) if lake.exists(DHCP_CLOCK) else []
+
+
+def wait_for(done, what: str) -> None:
+    deadline = time.monotonic() + 300
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within 5 minutes"
+        time.sleep(0.5)
+
+
+def stop_etl(running) -> None:
+    running.writer.close()
+    stop = threading.Thread(target=running.query.stop)
+    stop.start()
+    stop.join(120)
 
 
 def test_the_clock_is_the_slowest_dhcp_feed_released_after_the_hold_and_survives_a_restart():
@@ -85,40 +117,22 @@ def test_the_stream_etl_writes_the_clock_of_the_slowest_sensor_that_delivers_dhc
     first_hour, second_hour = [p for p in zeek if "-08-" in p.name] + [eve], [p for p in zeek if "-09-" in p.name]
     settings = SETTINGS.with_overrides({"rotation_skew": "2 seconds"})
 
-    def land(paths: list) -> None:
-        for path in paths:
-            (landing / path.parent.name).mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, landing / path.parent.name / f".{path.name}")
-            (landing / path.parent.name / f".{path.name}").rename(landing / path.parent.name / path.name)
-
     def newest(paths: list) -> dt.datetime:
         files = [f"file:{landing / p.parent.name / p.name}" for p in paths]
         return max(lake.read(spark, t).where(F.col("source_file").isin(files)).agg(F.max("event_time")).first()[0]
                    for t in ("silver_conn", "silver_dns", "silver_dhcp"))
 
-    def clocks() -> list:  # the ETL's first clock row creates the table
-        return sorted(r.clock for r in lake.read(spark, DHCP_CLOCK).collect()) if lake.exists(DHCP_CLOCK) else []
-
-    def wait_for(done, what: str) -> None:
-        deadline = time.monotonic() + 300
-        while not done():
-            assert time.monotonic() < deadline, f"no {what} within 5 minutes"
-            time.sleep(0.5)
-
-    land(first_hour)
+    land(landing, first_hour)
     running = etl.start(spark, lake, settings, processing_time("1 second"))
     try:
-        wait_for(lambda: len(clocks()) == 1, "clock row")
-        land(second_hour)
-        wait_for(lambda: len(clocks()) == 2, "second clock row")
+        wait_for(lambda: len(clocks(spark, lake)) == 1, "clock row")
+        land(landing, second_hour)
+        wait_for(lambda: len(clocks(spark, lake)) == 2, "second clock row")
         time.sleep(5)  # the 2 s hold again, and a margin: no third row comes
     finally:
-        running.writer.close()
-        stop = threading.Thread(target=running.query.stop)
-        stop.start()
-        stop.join(120)
+        stop_etl(running)
     zeek_8, eve_8, zeek_9 = newest(first_hour[:-1]), newest([eve]), newest(second_hour)
-    assert zeek_9 > eve_8 and clocks() == [min(zeek_8, eve_8), eve_8]
+    assert zeek_9 > eve_8 and clocks(spark, lake) == [min(zeek_8, eve_8), eve_8]
     sensors = lake.read(spark, "silver_dhcp").select("source", "sensor").distinct().collect()
     feeds = [r.feeds for r in lake.read(spark, DHCP_CLOCK).orderBy("clock").collect()]
     assert len(sensors) == 2 and set(feeds[-1]) == {f"{r.source}/{r.sensor}" for r in sensors}
@@ -151,3 +165,37 @@ def test_a_dhcp_leases_checkpoint_from_before_the_clock_resumes_without_it(spark
     assert reports[attribution.LEASES].error is None
     assert "predates the DHCP clock" in caplog.text
     assert idle(lake, stage) and not attribution.clocked(lake)
+
+
+def test_the_clock_waits_for_a_rotation_split_over_capped_batches(spark, tmp_path):
+    """A backlog taken one file per micro-batch: Zeek's 09:00 conn, dns and dhcp logs (modified in
+    that order, within the 1 s skew) go in three batches, each longer than the skew. The clock must not pass 09:00 until
+    the batch holding that hour's DHCP is committed, or dhcp_leases would find those lines late."""
+    from pipelines.lake.log import commits
+
+    home = Home.resolve(tmp_path / "home")
+    lake = Lake(home.create())
+    zeek = sorted((SAMPLE / "landing" / "zeek").iterdir())
+    hour = {h: [p for p in zeek if f"-{h}-" in p.name] for h in ("08", "09")}
+    second = sorted(hour["09"], key=lambda p: ("conn", "dns", "dhcp").index(p.name.split(".")[0]))
+    skew = SETTINGS.with_overrides({"rotation_skew": "1 second"})
+    land(home.landing, hour["08"])
+    running = etl.start(spark, lake, skew, processing_time("1 second"))
+    try:
+        wait_for(lambda: len(clocks(spark, lake)) == 1, "clock row for 08:00")
+    finally:
+        stop_etl(running)
+    now = time.time()  # one rotation: modified within the 1 s skew, each batch longer than that
+    land(home.landing, second, mtimes=[now - 0.6, now - 0.4, now - 0.2])
+    running = etl.start(spark, lake, skew.with_overrides({"max_files_per_trigger": 1}), processing_time("1 second"))
+    past_9 = naive(dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.timezone.utc))
+    try:
+        wait_for(lambda: clocks(spark, lake)[-1] > past_9, "clock row past 09:00")
+    finally:
+        stop_etl(running)
+    dhcp_rows = lake.read(spark, "silver_dhcp").where(F.col("source_file").endswith(second[-1].name)).count()
+    assert dhcp_rows > 0, "the clock passed 09:00, and the ETL stopped, before 09:00's DHCP was committed"
+    # Only the 09:00 dhcp log's batch has DHCP rows in the second run: silver_dhcp's newest commit.
+    dhcp_9 = naive(commits(lake.path("silver_dhcp"), limit=1)[0]["timestamp"])
+    written = min(r.written_at for r in lake.read(spark, DHCP_CLOCK).collect() if r.clock > past_9)
+    assert written >= dhcp_9, f"the clock passed 09:00 at {written}, before silver_dhcp got 09:00's DHCP at {dhcp_9}"
