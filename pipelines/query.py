@@ -262,6 +262,51 @@ def stateful_session(spark: SparkSession, settings: Settings) -> SparkSession:
     return session
 
 
+# The Java exceptions by which Spark tells a stop from a failure in a `foreachBatch` function
+# (`StreamExecution.IO_EXCEPTION_NAMES`, Spark 4.2).
+INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOException",
+                 "java.nio.channels.ClosedByInterruptException")
+
+
+class InterruptedBatch(RuntimeError):
+    """A micro-batch whose JVM call was interrupted, by its query's stop as a rule (the batch replays on restart)."""
+
+
+def stop_aware(writer: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+    """`writer`, whose interrupted JVM calls fail with a short `InterruptedBatch` instead of the
+    Py4JJavaError and its Java stack traces.
+
+    Spark tells a stop from a failure by a regex over the Python error's whole text,
+    `An error occurred while calling((.|\\r\\n|\\r|\\n)*)(java.lang.InterruptedException|...)`, whose
+    group recurses once per character: a stack trace of 5-10 KB overflowed the stream thread's stack
+    (a `java.lang.StackOverflowError` and a thousand lines on stderr at most stops mid-batch). The
+    short error keeps the words the regex finds, so Spark decides as before.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    def batch(frame: DataFrame, batch_id: int) -> None:
+        try:
+            writer(frame, batch_id)
+        except Py4JJavaError as exc:
+            text = _java_text(exc) or ""
+            cause = next((name for name in INTERRUPTIONS if name in text), None)
+            if cause is None:
+                raise
+            first = text.split("\n\tat ", 1)[0].strip()  # the call and the Java exception's first line
+            raise InterruptedBatch(f"py4j.protocol.Py4JJavaError: {first}\n(interrupted: {cause})") from None
+    return batch
+
+
+def _java_text(exc: Exception) -> str | None:
+    """`str(exc)` of a Py4JJavaError (its Java stack trace, read from the JVM), None if unreadable."""
+    for _ in range(2):
+        try:
+            return str(exc)
+        except Exception:  # a stop's interrupt fails the thread's next JVM call, and is cleared by it
+            continue
+    return None
+
+
 def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
                 trigger: dict, output_mode: str = "append") -> StreamingQuery:
     """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""
@@ -269,7 +314,7 @@ def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], 
     return (frame.writeStream
             .queryName(name)
             .outputMode(output_mode)
-            .foreachBatch(writer)
+            .foreachBatch(stop_aware(writer))
             .option("checkpointLocation", str(checkpoint))
             .trigger(**trigger)
             .start())

@@ -1,0 +1,42 @@
+"""A query's `foreachBatch` writer when its query is stopped mid-batch (pipelines/query.py)."""
+from __future__ import annotations
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from pipelines.query import InterruptedBatch, stop_aware
+
+
+def interrupted_call(spark) -> None:
+    """A JVM call interrupted as a stop interrupts the stream thread (the flag is cleared by the throw)."""
+    thread = spark._jvm.java.lang.Thread
+    thread.currentThread().interrupt()
+    thread.sleep(5000)
+
+
+def test_an_interrupted_batch_fails_short_and_spark_still_sees_a_stop(spark):
+    stream_execution = spark._jvm.org.apache.spark.sql.execution.streaming.runtime.StreamExecution
+
+    def is_stop(message: str) -> bool:  # what Spark asks of a foreachBatch error once stop() was called
+        return stream_execution.isInterruptionException(spark._jvm.py4j.Py4JException(message),
+                                                        spark.sparkContext._jsc.sc())
+
+    with pytest.raises(Py4JJavaError) as raw:
+        interrupted_call(spark)
+    assert len(str(raw.value)) > 1000, "the Java stack trace Spark's regex recursed over"
+
+    with pytest.raises(InterruptedBatch) as short:
+        stop_aware(lambda frame, batch_id: interrupted_call(spark))(None, 0)
+    message = str(short.value)
+    assert len(message) < 300 and "java.lang.InterruptedException" in message
+    assert is_stop(f"Traceback (most recent call last):\n  ...\npipelines.query.InterruptedBatch: {message}")
+
+
+def test_other_errors_pass_through_unchanged(spark):
+    def failing(frame, batch_id):
+        spark._jvm.java.util.ArrayList().get(5)
+
+    with pytest.raises(Py4JJavaError, match="IndexOutOfBoundsException"):
+        stop_aware(failing)(None, 0)
+    with pytest.raises(ValueError, match="bad rows"):
+        stop_aware(lambda frame, batch_id: (_ for _ in ()).throw(ValueError("bad rows")))(None, 0)
