@@ -213,8 +213,8 @@ class ClockWriter:
     def _fire(self) -> None:
         try:  # lists landing and reads the checkpoint: outside the lock
             uncommitted = self.uncommitted()
-        except OSError as exc:  # a release only as without the check; the next batch looks again
-            log.warning("dhcp_clock: could not list the uncommitted landing files: %s", exc)
+        except Exception as exc:  # released as without the check: a dead timer thread would stop the clock
+            log.warning("dhcp_clock: could not list the uncommitted landing files: %s", error_summary(exc))
             uncommitted = None
         with self._lock:
             if self._closed or self._clock is None or self._spark is None:
