@@ -136,10 +136,8 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
         compacted = [n for n, path in files.items() if path.name.endswith(".compact")]
         start = max(compacted, default=-1)
         for number in sorted(n for n in files if n >= start):
-            for line in files[number].read_text().splitlines()[1:]:
-                if line.strip():
-                    entry = json.loads(line)
-                    found[entry["path"]] = int(entry["batchId"])
+            for entry in _file_entries(files[number]):
+                found[entry["path"]] = int(entry["batchId"])
     return found
 
 
@@ -160,12 +158,13 @@ def newest_file_time(checkpoint: str | os.PathLike, batch_id: int) -> float | No
     sources = as_path(checkpoint) / "sources"
     for source in sources.iterdir() if sources.is_dir() else ():
         path = numbered(source).get(batch_id)
-        for line in path.read_text().splitlines()[1:] if path is not None else ():
-            if line.strip():
-                entry = json.loads(line)
-                if int(entry["batchId"]) == batch_id:
-                    times.append(entry["timestamp"] / 1000)
+        times += [e["timestamp"] / 1000 for e in _file_entries(path) if int(e["batchId"]) == batch_id] if path else []
     return max(times, default=None)
+
+
+def _file_entries(log_file: Path) -> list[dict[str, Any]]:
+    """The entries (path, timestamp, batchId) of one file source log file, after its version line."""
+    return [json.loads(line) for line in log_file.read_text().splitlines()[1:] if line.strip()]
 
 
 def clear_unstarted(checkpoint: str | os.PathLike) -> list[str]:
