@@ -141,25 +141,27 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
     return found
 
 
-def newest_file_time(checkpoint: str | os.PathLike, batch_id: int) -> float | None:
-    """The newest modification time (seconds since the epoch) of the files the checkpoint's file
-    sources planned into batch `batch_id` (`sources/<n>/<batch_id>`, or the `.compact` holding it);
-    None when the batch took no file.
+def batch_files(checkpoint: str | os.PathLike, batch_id: int) -> dict[str, float]:
+    """The files the checkpoint's file sources planned into batch `batch_id` (`sources/<n>/<batch_id>`,
+    or the `.compact` holding it) -> their modification time (seconds since the epoch), as the URIs
+    Spark records; empty when the batch took no file.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     log = Path(tmp, "sources", "1"); log.mkdir(parents=True)
-    ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1500,"batchId":9}\\n'
+    ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1500,"batchId":8}\\n'
     ...                                        '{"path":"file:///l/b","timestamp":2000,"batchId":9}')
-    ...     newest_file_time(tmp, 9), newest_file_time(tmp, 10)
-    (2.0, None)
+    ...     batch_files(tmp, 9), batch_files(tmp, 10)
+    ({'file:///l/b': 2.0}, {})
     """
-    times = []
+    found: dict[str, float] = {}
     sources = as_path(checkpoint) / "sources"
     for source in sources.iterdir() if sources.is_dir() else ():
         path = numbered(source).get(batch_id)
-        times += [e["timestamp"] / 1000 for e in _file_entries(path) if int(e["batchId"]) == batch_id] if path else []
-    return max(times, default=None)
+        for entry in _file_entries(path) if path else ():
+            if int(entry["batchId"]) == batch_id:
+                found[entry["path"]] = entry["timestamp"] / 1000
+    return found
 
 
 def _file_entries(log_file: Path) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ earlier stream is read in the same micro-batch as silver_dhcp). The ETL from Kaf
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -158,37 +159,44 @@ class ClockWriter:
     """The file ETL's DHCP clock: `committed` after each micro-batch's commits, rows from a timer.
 
     A timer, not the next micro-batch, releases what waited `hold_s`: when the sensors stop
-    sending (the quiet network the clock is for) there is no next micro-batch. `uncommitted` gives
-    the oldest modification time of a landing file the ETL has not committed (`DhcpClock.advance`);
-    while such a file holds a release back, the timer looks again every `LANDING_POLL_S`. Times are
-    wall-clock seconds, the clock of file modification times. Only the timer thread writes, with an
-    app id of its own and the clock's millisecond as the txn version (a row per new clock value, none
-    twice); a failed write is logged and the clock writes again when it next moves. Rows follow
-    only committed batches, so they never run ahead of silver_dhcp.
+    sending (the quiet network the clock is for) there is no next micro-batch. Before a release the
+    timer lists landing (`landing`) against the files committed so far, the ETL's committed file
+    log once (`committed_before`) plus each batch's files since, and holds while a file modified
+    before the hold's end is not among them (`DhcpClock.advance`), looking again every
+    `LANDING_POLL_S`: a look costs a listing, not a read of a file log that grows with every file
+    the ETL ever read. Times are wall-clock seconds, the clock of file modification times. Only the
+    timer thread writes, with an app id of its own and the clock's millisecond as the txn version
+    (a row per new clock value, none twice); a failed write is logged and the clock writes again
+    when it next moves. Rows follow only committed batches, so they never run ahead of silver_dhcp.
     """
 
-    def __init__(self, lake: Lake, hold_s: float, uncommitted: Callable[[], float | None]) -> None:
+    def __init__(self, lake: Lake, hold_s: float, landing: Callable[[], set[str]],
+                 committed_before: Callable[[], set[str]]) -> None:
         self.lake = lake
         self.hold_s = hold_s
-        self.uncommitted = uncommitted
+        self.landing = landing
+        self.committed_before = committed_before
         self._sink = lake.sink(DHCP_CLOCK, app_id=CLOCK_APP_ID)
         self._clock: DhcpClock | None = None
+        self._done: set[str] = set()
         self._spark: SparkSession | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._closed = False
 
     def committed(self, spark: SparkSession, newest: dict[str, datetime], dhcp: set[str],
-                  landed: float | None) -> None:
-        """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`), `landed`
-        the newest modification time of its files (`checkpoint.newest_file_time`): its hold counts
-        from there, since a rotation's files are written together, not from the commit."""
+                  files: dict[str, float]) -> None:
+        """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`), `files`
+        its landing files -> modification time (`checkpoint.batch_files`): its hold counts from the
+        newest of them, since a rotation's files are written together, not from the commit."""
         with self._lock:
             if self._clock is None:
                 self._clock = resume(spark, self.lake, self.hold_s)
+                self._done = self.committed_before()
+            self._done |= files.keys()
             self._spark = spark
             now = time.time()
-            self._clock.observe(now if landed is None else min(landed, now), newest, dhcp)
+            self._clock.observe(min(max(files.values(), default=now), now), newest, dhcp)
             self._schedule()
 
     def close(self) -> None:
@@ -211,8 +219,11 @@ class ClockWriter:
         self._timer.start()
 
     def _fire(self) -> None:
-        try:  # lists landing and reads the checkpoint: outside the lock
-            uncommitted = self.uncommitted()
+        try:  # lists landing and looks at files: outside the lock
+            listed = self.landing()
+            with self._lock:
+                waiting = listed - self._done
+            uncommitted = oldest_modified(waiting)
         except Exception as exc:  # released as without the check: a dead timer thread would stop the clock
             log.warning("dhcp_clock: could not list the uncommitted landing files: %s", error_summary(exc))
             uncommitted = None
@@ -233,6 +244,25 @@ class ClockWriter:
         with self._lock:
             self._timer = None
             self._schedule(LANDING_POLL_S if held_by_landing else 0.0)
+
+
+def oldest_modified(paths: set[str]) -> float | None:
+    """The oldest modification time (seconds since the epoch) of `paths`, None when there is none;
+    a file gone since it was listed (retention, a sensor's cleanup) does not count.
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile() as f:
+    ...     os.utime(f.name, (1e9, 1e9))
+    ...     oldest_modified({f.name, "/no/such/file"}), oldest_modified(set())
+    (1000000000.0, None)
+    """
+    times = []
+    for path in paths:
+        try:
+            times.append(os.stat(path).st_mtime)
+        except FileNotFoundError:
+            continue
+    return min(times, default=None)
 
 
 def resume(spark: SparkSession, lake: Lake, hold_s: float) -> DhcpClock:

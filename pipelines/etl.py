@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
 from pipelines import environment
-from pipelines.checkpoint import newest, newest_file_time, source_files
+from pipelines.checkpoint import batch_files, newest, source_files
 from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, feed
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
@@ -103,8 +103,13 @@ def processed_files(lake: Lake) -> set[str]:
     committed = newest(checkpoint, committed=True)
     if committed is None:
         return set()
-    return {unquote(urlparse(uri).path) for uri, batch in source_files(checkpoint).items()
+    return {_local(uri) for uri, batch in source_files(checkpoint).items()
             if uri.startswith("file:") and batch <= committed}
+
+
+def _local(uri: str) -> str:
+    """A landing file's local path from the URI a file source records (`file:///l/a%20b` -> `/l/a b`)."""
+    return unquote(urlparse(uri).path)
 
 
 def idle(lake: Lake) -> bool:
@@ -123,30 +128,6 @@ def idle(lake: Lake) -> bool:
     if last is None or newest(checkpoint, committed=True) != last:
         return False
     return landing_paths(lake) <= processed_files(lake)
-
-
-def oldest_uncommitted(lake: Lake) -> float | None:
-    """The oldest modification time (seconds since the epoch) of a landing file the ETL from landing
-    has not committed (`landing_paths` - `processed_files`), None when there is none: the DHCP clock
-    waits for such a file (pipelines/dhcp_clock.py).
-
-    >>> import tempfile
-    >>> from pipelines.home import Home
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     lake = Lake(Home.resolve(tmp).create())
-    ...     _ = (lake.home.landing / "zeek").mkdir(parents=True)
-    ...     _ = (lake.home.landing / "zeek" / "dhcp.log").write_text("#separator")
-    ...     os.utime(lake.home.landing / "zeek" / "dhcp.log", (1e9, 1e9))
-    ...     oldest_uncommitted(lake)
-    1000000000.0
-    """
-    times = []
-    for path in landing_paths(lake) - processed_files(lake):
-        try:
-            times.append(os.stat(path).st_mtime)
-        except FileNotFoundError:  # moved away since the listing (retention, a sensor's cleanup)
-            continue
-    return min(times, default=None)
 
 
 def kafka_topics(source: str) -> str:
@@ -239,7 +220,8 @@ class EtlWriter:
         self.history: list[BatchStats] = []
         self._existing: set[str] = set()
         self._clock = (None if rotation_skew is None else
-                       ClockWriter(lake, float(interval_seconds(rotation_skew)), partial(oldest_uncommitted, lake)))
+                       ClockWriter(lake, float(interval_seconds(rotation_skew)),
+                                   partial(landing_paths, lake), partial(processed_files, lake)))
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
         spark = lines.sparkSession
@@ -275,8 +257,9 @@ class EtlWriter:
                     stats.record(result)
         # Only once the batch's silver_dhcp is committed: the clock never runs ahead of it.
         if self._clock is not None:
-            landed = newest_file_time(self.lake.home.checkpoint(QUERY_NAME), batch_id)
-            self._clock.committed(spark, survey.newest, survey.dhcp, landed)
+            files = batch_files(self.lake.home.checkpoint(QUERY_NAME), batch_id)
+            self._clock.committed(spark, survey.newest, survey.dhcp,
+                                  {_local(uri): t for uri, t in files.items() if uri.startswith("file:")})
         self.history.append(stats)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from pipelines import attribution, etl
-from pipelines.dhcp_clock import DHCP_CLOCK, DhcpClock
+from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, DhcpClock
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 from pipelines.query import processing_time
@@ -199,3 +199,32 @@ def test_the_clock_waits_for_a_rotation_split_over_capped_batches(spark, tmp_pat
     dhcp_9 = naive(commits(lake.path("silver_dhcp"), limit=1)[0]["timestamp"])
     written = min(r.written_at for r in lake.read(spark, DHCP_CLOCK).collect() if r.clock > past_9)
     assert written >= dhcp_9, f"the clock passed 09:00 at {written}, before silver_dhcp got 09:00's DHCP at {dhcp_9}"
+
+
+def test_the_writer_reads_the_committed_file_log_once_and_holds_while_a_landed_file_waits(spark, tmp_path):
+    """The committed files are the ETL's file log read at the first batch plus each batch's files:
+    a landed file outside them holds a release until a batch takes it, and no look reads the log again."""
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    old, first, waiting = (tmp_path / name for name in ("old.log", "first.log", "waiting.log"))
+    for path in (old, first, waiting):
+        path.write_text("x")
+    listed, seeds = {str(old), str(first)}, []
+
+    def committed_before() -> set[str]:
+        seeds.append(1)
+        return {str(old)}
+
+    writer = ClockWriter(lake, 0.5, lambda: set(listed), committed_before)
+    t = [naive(dt.datetime(2026, 11, 20, h, tzinfo=dt.timezone.utc)) for h in (9, 10)]
+    try:
+        writer.committed(spark, {"zeek/s": t[0]}, {"zeek/s"}, {str(first): time.time()})
+        wait_for(lambda: clocks(spark, lake) == [t[0]], "clock row for 09:00")
+        listed.add(str(waiting))  # landed, in no batch yet
+        writer.committed(spark, {"zeek/s": t[1]}, set(), {})
+        time.sleep(3)
+        assert clocks(spark, lake) == [t[0]], "the clock moved while a landed file was in no committed batch"
+        writer.committed(spark, {"zeek/s": t[1]}, set(), {str(waiting): os.stat(waiting).st_mtime})
+        wait_for(lambda: clocks(spark, lake) == t, "clock row for 10:00")
+    finally:
+        writer.close()
+    assert seeds == [1]
