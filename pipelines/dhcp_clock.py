@@ -167,7 +167,9 @@ class ClockWriter:
     the ETL ever read. Times are wall-clock seconds, the clock of file modification times. Only the
     timer thread writes, with an app id of its own and the clock's millisecond as the txn version
     (a row per new clock value, none twice); a failed write is logged and the clock writes again
-    when it next moves. Rows follow only committed batches, so they never run ahead of silver_dhcp.
+    when it next moves, and a failed look (or read of the file log) is logged and releases as
+    without the check: the clock must not stop, nor fail the ETL. Rows follow only committed
+    batches, so they never run ahead of silver_dhcp.
     """
 
     def __init__(self, lake: Lake, hold_s: float, landing: Callable[[], set[str]],
@@ -178,7 +180,7 @@ class ClockWriter:
         self.committed_before = committed_before
         self._sink = lake.sink(DHCP_CLOCK, app_id=CLOCK_APP_ID)
         self._clock: DhcpClock | None = None
-        self._done: set[str] = set()
+        self._done: set[str] | None = set()  # None: unknown, releases go without the landing check
         self._spark: SparkSession | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -192,8 +194,13 @@ class ClockWriter:
         with self._lock:
             if self._clock is None:
                 self._clock = resume(spark, self.lake, self.hold_s)
-                self._done = self.committed_before()
-            self._done |= files.keys()
+                try:
+                    self._done = self.committed_before()
+                except Exception as exc:  # the clock releases without the check rather than fail the ETL
+                    log.warning("dhcp_clock: could not read the committed landing files: %s", error_summary(exc))
+                    self._done = None
+            if self._done is not None:
+                self._done |= files.keys()
             self._spark = spark
             now = time.time()
             self._clock.observe(min(max(files.values(), default=now), now), newest, dhcp)
@@ -220,9 +227,9 @@ class ClockWriter:
 
     def _fire(self) -> None:
         try:  # lists landing and looks at files: outside the lock
-            listed = self.landing()
+            listed = self.landing() if self._done is not None else set()
             with self._lock:
-                waiting = listed - self._done
+                waiting = listed - (self._done or set())
             uncommitted = oldest_modified(waiting)
         except Exception as exc:  # released as without the check: a dead timer thread would stop the clock
             log.warning("dhcp_clock: could not list the uncommitted landing files: %s", error_summary(exc))

@@ -228,3 +228,21 @@ def test_the_writer_reads_the_committed_file_log_once_and_holds_while_a_landed_f
     finally:
         writer.close()
     assert seeds == [1]
+
+
+def test_a_file_log_that_cannot_be_read_releases_without_the_landing_check(spark, tmp_path, caplog):
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    waiting = tmp_path / "waiting.log"
+    waiting.write_text("x")
+
+    def committed_before() -> set[str]:
+        raise OSError("checkpoints/etl/sources/0/7: Input/output error")
+
+    writer = ClockWriter(lake, 0.5, lambda: {str(waiting)}, committed_before)
+    t = naive(dt.datetime(2026, 11, 20, 9, tzinfo=dt.timezone.utc))
+    try:
+        writer.committed(spark, {"zeek/s": t}, {"zeek/s"}, {})
+        wait_for(lambda: clocks(spark, lake) == [t], "clock row for 09:00")
+    finally:
+        writer.close()
+    assert "could not read the committed landing files: " in caplog.text and "Input/output error" in caplog.text
