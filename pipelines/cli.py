@@ -43,10 +43,17 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     from pipelines.stages import stages
     from pipelines.terminal import Progress, print_table
 
+    names = [s.name for s in stages()]
+    unknown = [name for name in args.only or () if name not in names]
+    if unknown:
+        raise ValueError(f"--only {', '.join(unknown)}: no such stage; the stages are {', '.join(names)}")
+    fresh = not Home.resolve(args.home).root.exists()
     lake = _lake(args)
     settings = _settings(args)
-    print(f"seclake run-once: home {lake.home.root}", file=sys.stderr)
-    with Progress("run-once", steps=[s.name for s in stages() if not args.only or s.name in args.only]) as progress:
+    # Said, since a mistyped --home otherwise looks like a home with nothing new.
+    print(f"seclake run-once: home {lake.home.root}" + (f" (new: it did not exist; sensor logs go in "
+                                                        f"{lake.home.landing})" if fresh else ""), file=sys.stderr)
+    with Progress("run-once", steps=[n for n in names if not args.only or n in args.only]) as progress:
         def start_spark() -> SparkSession:
             progress.working_on("starting Spark")
             spark = get_spark(app_name="seclake-run-once")
@@ -111,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_once = sub.add_parser("run-once", help="process everything in landing/ once (Trigger.AvailableNow) and stop")
     _home_arg(run_once)
     _settings_arg(run_once)
-    run_once.add_argument("--only", action="append", help="run only this stage (repeatable)")
+    run_once.add_argument("--only", action="append", metavar="STAGE",
+                          help="run only this stage (repeatable), named as run-once's table names it "
+                               "(etl, enriched_dns, rule_dns_tunneling, ...)")
     run_once.set_defaults(func=cmd_run_once)
 
     stream = sub.add_parser("stream", help="run every query continuously until Ctrl-C/SIGTERM")
@@ -203,6 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"seclake {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # A Spark error's message carries its plan and stack: its first line says it. (No import
+        # of pyspark here: commands that start no JVM do not load it.)
+        errors = sys.modules.get("pyspark.errors")
+        if errors is None or not isinstance(exc, errors.PySparkException):
+            raise
+        from pipelines.query import error_summary
+
+        print(f"seclake {args.command}: {error_summary(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"seclake {args.command}: interrupted", file=sys.stderr)

@@ -23,6 +23,11 @@ def interval_seconds(value: str) -> int:
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
+# The whole-number settings that must be above 0 (the others may be 0: "none" or "keep everything").
+_LEAST = {name: 1 for name in ("max_bytes_per_trigger", "max_offsets_per_trigger", "rule_max_failures",
+                               "state_partitions", "stages_at_once", "checkpoint_interval", "notify_max_attempts")}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Knobs shared by the ETL, attribution and rule queries.
@@ -140,8 +145,11 @@ class Settings:
             except ValueError:
                 raise ValueError(f"setting {name}={value!r}: not an interval like '10 minutes' "
                                  "(units: seconds, minutes, hours, days)") from None
-        if self.state_partitions < 1:  # Spark's own refusal would come at a query's start, naming its conf
-            raise ValueError(f"setting state_partitions={self.state_partitions}: must be 1 or more")
+        # Counts, sizes and days: Spark's own refusal would come at a query's start, naming its option.
+        for f in fields(self):
+            value, least = getattr(self, f.name), _LEAST.get(f.name, 0)
+            if isinstance(value, int) and value < least:
+                raise ValueError(f"setting {f.name}={value}: must be {least} or more")
         if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
             raise ValueError(f"setting rules_niceness={self.rules_niceness}: must be 0 to 19")
 
@@ -159,6 +167,10 @@ class Settings:
         Traceback (most recent call last):
         ...
         ValueError: setting state_partitions=0: must be 1 or more
+        >>> Settings().with_overrides({"max_bytes_per_trigger": "-5"})
+        Traceback (most recent call last):
+        ...
+        ValueError: setting max_bytes_per_trigger=-5: must be 1 or more
         >>> Settings().with_overrides({"rules_niceness": "20"})
         Traceback (most recent call last):
         ...

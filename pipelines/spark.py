@@ -13,6 +13,7 @@ from typing import IO
 
 from pyspark import SparkConf, SparkContext, accumulators
 from pyspark.java_gateway import launch_gateway
+from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 from pipelines import environment
@@ -181,6 +182,8 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     'TIMESTAMP_MICROS'
     >>> logging.getLogger("py4j").isEnabledFor(logging.ERROR)  # unless $SECLAKE_SPARK_LOG_LEVEL asks for it
     False
+    >>> logging.getLogger("SQLQueryContextLogger").isEnabledFor(logging.ERROR)
+    False
     """
     with BUILDING:
         return _build(master, app_name, ui, conf)
@@ -253,6 +256,10 @@ def _quiet_python_side(quiet: bool) -> None:
     traceback and PySpark's accumulator server prints its reader's EOFError, where seclake reports
     the death in one line of its own (`pipelines.jobs`)."""
     logging.getLogger("py4j").setLevel(logging.CRITICAL if quiet else logging.NOTSET)
+    # PySpark logs every SQL error it raises, as JSON with the whole plan and Java stack trace, on
+    # loggers of its own class (a plain Logger under that name would break its call).
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL if quiet else logging.NOTSET)
     root = logging.getLogger()
     if quiet:
         root.addFilter(_not_from_py4j)  # a no-op when it is there already

@@ -32,6 +32,7 @@ CHATTER = re.compile("|".join([
     r"^\s+at [\w.$]+\(",  # a Java stack frame
     r"py4j",
     r"\x1b\[",  # escape codes: none when the output is not a terminal
+    r'"logger": "\w*QueryContextLogger"',  # PySpark's JSON log of every SQL error, its plan and stack
 ]))
 
 
@@ -62,7 +63,8 @@ def test_patterns_catch_the_chatter_they_are_for():
                  'Setting default log level to "WARN".',
                  "25/11/20 10:00:00 WARN NativeCodeLoader: Unable to load native-hadoop library",
                  "Streaming TransformWithStateInPandas Python worker Received UDF from JVM",
-                 "\tat org.apache.spark.sql.Dataset.show(Dataset.scala:1)"]:
+                 "\tat org.apache.spark.sql.Dataset.show(Dataset.scala:1)",
+                 '{"ts": "2026-12-04 19:01:02", "level": "ERROR", "logger": "SQLQueryContextLogger", "msg": "x"}']:
         assert CHATTER.search(line), line
     assert not CHATTER.search("etl: 1 batch, 4 files, 5,300 data lines in -> silver_dns=1,797 in 25.8s")
 
@@ -87,10 +89,18 @@ def test_run_once_on_a_home_without_logs_waits_for_input_and_exits_0(tmp_path):
     empty = seclake("run-once", "--home", str(tmp_path / "home"))
     assert empty.returncode == 0, empty.stderr[-3000:]
     assert "FAILED" not in empty.stdout + empty.stderr and chatter(empty) == []
+    assert f"(new: it did not exist; sensor logs go in {tmp_path / 'home' / 'landing'})" in empty.stderr
     rows = {line.split()[0]: line for line in empty.stdout.splitlines()[2:]}
     assert list(rows) == [s.name for s in stages()]
     assert re.match(r"etl +0 +0 rows +nothing new", rows.pop("etl")), empty.stdout
     assert all("waiting for input: no " in line for line in rows.values()), empty.stdout
+
+
+def test_run_once_refuses_an_unknown_stage_before_touching_the_home(tmp_path):
+    typo = seclake("run-once", "--home", str(tmp_path / "home"), "--only", "dns_tunneling")
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert typo.stderr.startswith("seclake run-once: --only dns_tunneling: no such stage; the stages are etl, ")
+    assert "rule_dns_tunneling" in typo.stderr and not (tmp_path / "home").exists()
 
 
 def test_sql_prints_the_result_and_nothing_else(home, run_once):
@@ -126,3 +136,15 @@ def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_
     assert alerts and all(domain in a["evidence"] for a in alerts), alerts
     again = seclake("intel", "load", str(feed), "--home", str(home))
     assert "0 new alert(s)" in again.stdout  # the same matches are never written twice
+
+
+def test_a_rule_that_names_a_missing_column_fails_its_backtest_in_one_line(home, run_once, tmp_path):
+    text = (REPO / "rules" / "dns" / "dns_tunneling.sql").read_text()
+    head, body = text.split("*/", 1)
+    (tmp_path / "rules" / "dns").mkdir(parents=True)
+    (tmp_path / "rules" / "dns" / "bad_column.sql").write_text(head + "*/" + body.replace("query", "qurey"))
+    run = seclake("rules", "backtest", "bad_column", "--rules", str(tmp_path / "rules"), "--home", str(home))
+    assert run.returncode == 2 and chatter(run) == [] and "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.splitlines()[-1]
+    assert last.startswith("seclake rules: rule bad_column fails on the tables: [UNRESOLVED_COLUMN"), last
+    assert "`qurey`" in last

@@ -450,3 +450,10 @@ def test_a_realtime_rule_runs_its_cte_alone():
 def test_a_realtime_rule_that_one_event_cannot_raise_is_refused(text, reason):
     with pytest.raises(RuleError, match=reason.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         validate_rule(text)
+
+
+def test_a_parse_error_names_the_line_of_the_rule_file():
+    text = rule_text("SELECT src_ip,\n  count(* AS n FROM enriched_dns GROUP BY src_ip")
+    bad = text.splitlines().index("  count(* AS n FROM enriched_dns GROUP BY src_ip") + 1
+    with pytest.raises(RuleError, match=f"does not parse at line {bad}, column "):
+        validate_rule(text)

@@ -22,10 +22,6 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest, coverage (docs/rules.md)")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="RULES_COMMAND")
 
-    def rules_dir_arg(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--rules", type=Path, default=None,
-                            help="rules folder (default: $SECLAKE_RULES or the repository's rules/)")
-
     listing = rules_sub.add_parser("list", help="one line per rule: file, version, severity, MITRE, name")
     rules_dir_arg(listing)
     listing.set_defaults(func=cmd_list)
@@ -83,7 +79,14 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     enable.set_defaults(func=cmd_enable)
 
 
-def _rules_dir(args: argparse.Namespace) -> Path:
+def rules_dir_arg(parser: argparse.ArgumentParser) -> None:
+    """Add `--rules DIR` (the rule pack to use) to a command that names or loads rules."""
+    parser.add_argument("--rules", type=Path, default=None,
+                        help="rules folder (default: $SECLAKE_RULES or the repository's rules/)")
+
+
+def rules_folder(args: argparse.Namespace) -> Path:
+    """The rules folder a command given `rules_dir_arg` uses."""
     return args.rules or default_rules_dir()
 
 
@@ -102,7 +105,7 @@ def find_rule(name: str, rules_dir: str | os.PathLike) -> Rule:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    pack = scan_rules(_rules_dir(args))
+    pack = scan_rules(rules_folder(args))
     for rule in pack.rules:
         print(f"{rule.slug:<26} v{rule.version:<3} {rule.severity:<8} {','.join(rule.mitre):<22} {rule.name}")
     for reason in pack.errors.values():
@@ -111,7 +114,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    folders = [p for p in args.paths if p.is_dir()] if args.paths else [_rules_dir(args)]
+    folders = [p for p in args.paths if p.is_dir()] if args.paths else [rules_folder(args)]
     files = [p for p in args.paths if not p.is_dir()]
     bad = 0
     for folder in folders:
@@ -137,7 +140,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     from pipelines.spark import get_spark
     from pipelines.terminal import print_table
 
-    rules_dir = _rules_dir(args)
+    rules_dir = rules_folder(args)
     pack = scan_rules(rules_dir)
     rules = [find_rule(n, rules_dir) for n in args.names] if args.names else pack.rules
     failures = 0 if args.names else len(pack.errors)
@@ -157,13 +160,16 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
+    from pyspark.errors import PySparkException
+
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
+    from pipelines.query import error_summary
     from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision, write_missing
     from pipelines.spark import get_spark
     from pipelines.terminal import Progress
 
-    rules_dir = _rules_dir(args)
+    rules_dir = rules_folder(args)
     rule = find_rule(args.rule, rules_dir)
     against = None
     if args.against:
@@ -185,8 +191,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         spark = get_spark(app_name="seclake-rules-backtest", ui=False)
         progress.step("Spark started")
         progress.working_on(f"running {rule.slug} over the tables")
-        result = backtest(spark, Lake(home), rule, start=start, end=end,
-                          ground_truth=truth if truth.is_file() else None, against=against)
+        try:
+            result = backtest(spark, Lake(home), rule, start=start, end=end,
+                              ground_truth=truth if truth.is_file() else None, against=against)
+        except PySparkException as exc:
+            raise ValueError(f"rule {rule.slug} fails on the tables: {error_summary(exc)}") from None
         progress.step(f"{rule.slug}: {len(result.alerts):,} alerts")
         if args.write:
             progress.working_on("adding the alerts the table lacks")
@@ -202,7 +211,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     from pipelines.rules.coverage import tactics, techniques, write_coverage
     from pipelines.terminal import print_table
 
-    pack = scan_rules(_rules_dir(args))
+    pack = scan_rules(rules_folder(args))
     for reason in pack.errors.values():
         print(f"INVALID {reason}", file=sys.stderr)
     layer, table = write_coverage(pack.rules, args.out)
@@ -226,7 +235,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.rules.engine import file_hash
     from pipelines.rules.health import DISABLED, INVALID
 
-    pack = scan_rules(_rules_dir(args))
+    pack = scan_rules(rules_folder(args))
     status = _rule_status(args)
     deployed = {r.slug: r.content_hash for r in pack.rules}
     deployed.update({path.stem: file_hash(path) for path in pack.errors})
@@ -243,7 +252,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_enable(args: argparse.Namespace) -> int:
     from pipelines.rules.health import OK
 
-    rule = find_rule(args.rule, _rules_dir(args))
+    rule = find_rule(args.rule, rules_folder(args))
     status = _rule_status(args)
     health = status.get(rule.slug, rule.content_hash)
     if health.state == OK:

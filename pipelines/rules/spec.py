@@ -19,7 +19,7 @@ from pathlib import Path
 import sqlglot
 import yaml
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
+from sqlglot.errors import ParseError, SqlglotError
 
 from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, LOOKUP_TABLES, readable_tables, table_schema
@@ -182,14 +182,15 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
     if not SLUG.fullmatch(slug):
         raise RuleError(f"file name {slug!r} must be snake_case ([a-z][a-z0-9_]*): it names the "
                         "rule's query and checkpoint")
-    tree = parse_single_select(body)
+    # sqlglot numbers the lines of `body`; its line 1 is the file's line of the closing */
+    line_offset = text[:len(text) - len(body)].count("\n")
+    tree = parse_single_select(body, line_offset=line_offset)
     lookups = tuple(meta.get("lookups") or ())
     not_lookups = [t for t in lookups if t not in LOOKUP_TABLES]
     if not_lookups:
         raise RuleError(f"lookups {not_lookups} are not lookup tables; rules may look up: {', '.join(LOOKUP_TABLES)}")
     schemas = {**readable_tables(), **{t: table_schema(t) for t in lookups}}
-    # sqlglot numbers the lines of `body`; its line 1 is the file's line of the closing */
-    tables = check_query(tree, schemas, line_offset=text[:len(text) - len(body)].count("\n"))
+    tables = check_query(tree, schemas, line_offset=line_offset)
     declared = tuple(meta["tables"])
     if set(declared) | set(lookups) != set(tables) or set(declared) & set(lookups):
         raise RuleError(f"metadata tables {sorted(declared)} and lookups {sorted(lookups)} differ from the tables the "
@@ -317,8 +318,15 @@ def _check_metadata(meta: dict) -> dict:
     return meta
 
 
-def parse_single_select(sql: str) -> exp.Expression:
-    """Parse `sql` (Spark dialect) and return its one statement, which must be a query."""
+def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
+    """Parse `sql` (Spark dialect) and return its one statement, which must be a query; a parse
+    error names the line of `sql` plus `line_offset` (the lines of the file above `sql`).
+
+    >>> parse_single_select("SELECT a,\\n  count(* AS n FROM t", line_offset=20)
+    Traceback (most recent call last):
+    ...
+    pipelines.rules.spec.RuleError: the SQL does not parse at line 22, column 12: Expecting )
+    """
     quiet = logging.getLogger("sqlglot")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # sqlglot warns when it falls back to an opaque Command
@@ -329,7 +337,13 @@ def parse_single_select(sql: str) -> exp.Expression:
         if re.search(r"GROUP\s+BY\s+window\s*\(", sql, re.IGNORECASE):
             # sqlglot 30 reads `GROUP BY window(` as the start of a WINDOW clause
             hint = " (sqlglot cannot parse window(...) as the first GROUP BY item: put it last or in parentheses)"
-        raise RuleError(f"the SQL does not parse: {str(exc).splitlines()[0]}{hint}") from None
+        where = ""
+        if isinstance(exc, ParseError) and exc.errors and exc.errors[0].get("line"):
+            error = exc.errors[0]
+            where, reason = f" at line {error['line'] + line_offset}, column {error['col']}", error["description"]
+        else:
+            reason = str(exc).splitlines()[0]
+        raise RuleError(f"the SQL does not parse{where}: {reason}{hint}") from None
     finally:
         quiet.setLevel(level)
     if len(statements) != 1:
