@@ -166,8 +166,8 @@ def test_named_parameters_fill_markers(db):
     (["--as-of", "last week", "SELECT 1"], "bad as-of 'last week'"),
     (["SELECT * FROM silver_dns VERSION AS OF 9"], "Cannot time travel Delta table to version 9"),
     (["SELECT * FROM parquet.`/etc`"], "refused by the sandbox: file-path read parquet.`/etc` is not allowed"),
-    (["SET spark.sql.runSQLOnFiles=true"], "seclake sql only reads: 'SET' statements are not allowed"),
-    (["CREATE TEMPORARY VIEW v USING parquet OPTIONS (path '/etc')"], "only reads: 'CREATE'"),
+    (["SET spark.sql.runSQLOnFiles=true"], "read-only: 'SET' statements are not allowed"),
+    (["CREATE TEMPORARY VIEW v USING parquet OPTIONS (path '/etc')"], "read-only: 'CREATE'"),
     (["WITH x AS (SELECT 1 AS a) INSERT INTO silver_dns SELECT * FROM x"], "sandbox: INSERT is not allowed"),
     (["SELECT raise_error('boom') FROM silver_dns"], "boom"),
 ])
@@ -361,8 +361,8 @@ def test_inspect_finds_the_tables_a_statement_reads(statement, tables, ctes, exa
 
 
 @pytest.mark.parametrize(("statement", "expected"), [
-    ("-- a comment first\nDELETE FROM t", "seclake sql only reads: 'DELETE' statements are not allowed"),
-    ("EXPLAIN INSERT INTO t SELECT 1", "seclake sql only reads: 'INSERT' statements are not allowed"),
+    ("-- a comment first\nDELETE FROM t", "read-only: 'DELETE' statements are not allowed"),
+    ("EXPLAIN INSERT INTO t SELECT 1", "read-only: 'INSERT' statements are not allowed"),
     ("SELECT * FROM (DELETE FROM t)", "refused by the sandbox: DELETE is not allowed"),
     ("VALUES (1); CACHE TABLE t", "refused by the sandbox: CACHE is not allowed"),
 ])

@@ -4,6 +4,7 @@ Pure functions over strings (sqlglot, no Spark), so the shell, the commands and 
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from dataclasses import dataclass
@@ -83,6 +84,9 @@ def inspect(text: str) -> Found:
     >>> inspect("WITH x AS (SELECT 1) INSERT INTO silver_dns SELECT * FROM x")
     Traceback (most recent call last):
     pipelines.sql.statements.SqlError: refused by the sandbox: INSERT is not allowed: only reading statements are
+    >>> inspect("SELEC count(*) FROM silver_dns")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    pipelines.sql.statements.SqlError: 'SELEC' is not a statement; did you mean SELECT? (start with one of ...)
     """
     import sqlglot
     from sqlglot import exp
@@ -92,8 +96,11 @@ def inspect(text: str) -> Found:
     first = re.match(r"[\s(]*([A-Za-z]+)", code)
     word = first.group(1).upper() if first else ""
     if word not in _READING_WORDS:
-        raise SqlError(f"seclake sql only reads: {word or text.strip()[:20]!r} statements are not allowed "
-                       f"(start with one of {', '.join(sorted(_READING_WORDS))})")
+        starts = f"(start with one of {', '.join(sorted(_READING_WORDS))})"
+        typo = difflib.get_close_matches(word, _READING_WORDS, n=1, cutoff=0.75)
+        if typo:
+            raise SqlError(f"{word!r} is not a statement; did you mean {typo[0]}? {starts}")
+        raise SqlError(f"read-only: {word or text.strip()[:20]!r} statements are not allowed {starts}")
     explain = _EXPLAIN_RE.match(code)
     if explain:  # sqlglot keeps EXPLAIN's statement as one opaque string: look inside it
         return inspect(text[explain.end():])
