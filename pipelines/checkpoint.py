@@ -126,10 +126,20 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
     ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1,"batchId":3}')
     ...     _ = (log / "10").write_text('v1\\n{"path":"file:///l/b","timestamp":2,"batchId":10}')
     ...     _ = (log / "4").write_text('v1\\n{"path":"file:///l/gone","timestamp":1,"batchId":4}')
-    ...     source_files(tmp)
-    {'file:///l/a': 3, 'file:///l/b': 10}
+    ...     source_files(tmp), source_file_times(tmp)
+    ({'file:///l/a': 3, 'file:///l/b': 10}, {'file:///l/a': 1, 'file:///l/b': 2})
     """
-    found: dict[str, int] = {}
+    return {path: int(entry["batchId"]) for path, entry in _source_entries(checkpoint).items()}
+
+
+def source_file_times(checkpoint: str | os.PathLike) -> dict[str, int]:
+    """The same files (`source_files`) -> their modification time when planned, in milliseconds."""
+    return {path: int(entry["timestamp"]) for path, entry in _source_entries(checkpoint).items()}
+
+
+def _source_entries(checkpoint: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The file source log entries of the checkpoint's sources by path (`source_files`)."""
+    found: dict[str, dict[str, Any]] = {}
     sources = as_path(checkpoint) / "sources"
     for source in sources.iterdir() if sources.is_dir() else ():
         files = numbered(source)
@@ -137,7 +147,7 @@ def source_files(checkpoint: str | os.PathLike) -> dict[str, int]:
         start = max(compacted, default=-1)
         for number in sorted(n for n in files if n >= start):
             for entry in _file_entries(files[number]):
-                found[entry["path"]] = int(entry["batchId"])
+                found[entry["path"]] = entry
     return found
 
 

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
 from pipelines import environment
-from pipelines.checkpoint import batch_files, newest, source_files
+from pipelines.checkpoint import batch_files, newest, source_file_times, source_files
 from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, feed
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
@@ -105,6 +105,31 @@ def processed_files(lake: Lake) -> set[str]:
         return set()
     return {_local(uri) for uri, batch in source_files(checkpoint).items()
             if uri.startswith("file:") and batch <= committed}
+
+
+def changed_after_read(lake: Lake) -> list[str]:
+    """The landing files (local paths) modified after the ETL from landing read them: appended to,
+    or replaced under the same name. Spark's file source reads a path once, so their new lines are
+    never read: a sensor must write each file under a hidden name (`.x` or `_x`) and rename it into
+    place when complete.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     changed_after_read(Lake(Home.resolve(tmp)))  # never run: nothing read
+    []
+    """
+    changed = []
+    for uri, read_ms in source_file_times(lake.home.checkpoint(QUERY_NAME)).items():
+        if not uri.startswith("file:"):
+            continue
+        try:
+            modified_ms = int(os.stat(_local(uri)).st_mtime * 1000)
+        except FileNotFoundError:  # removed by retention since
+            continue
+        if modified_ms > read_ms:
+            changed.append(_local(uri))
+    return sorted(changed)
 
 
 def _local(uri: str) -> str:

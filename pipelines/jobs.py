@@ -79,7 +79,7 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
 
     refuse_while_streaming(lake.home, "a run-once")
     lake.home.create()
-    _follow_move(lake)
+    _reconcile_landing(lake)
     session = _session_maker(spark)
     reports = []
     for wave in waves(stages()):
@@ -202,13 +202,20 @@ def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable
     return session_once
 
 
-def _follow_move(lake: Lake) -> None:
+def _reconcile_landing(lake: Lake) -> None:
+    """Checkpoint entries of a moved home rewritten (`follow_move`); landing files changed since read named."""
+    from pipelines.etl import changed_after_read
     from pipelines.operations.relocate import follow_move
 
     moved = follow_move(lake.home)
     if moved:
         log.warning("this home was moved or copied here: %d landing file(s) its checkpoints record as read "
                     "now point to %s", moved, lake.home.landing)
+    changed = changed_after_read(lake)
+    if changed:
+        log.warning("%d landing file(s) changed after the ETL read them, so their new lines are not read "
+                    "(a sensor writes a file under a hidden name, then renames it into place; new data goes "
+                    "in a new file): %s", len(changed), ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else ""))
 
 
 @contextmanager
@@ -247,7 +254,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     if only == "rules" and running_stream(home) == os.getppid():
         # Started by `seclake stream`, which holds the home's stream marker and made the tables.
         return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
-    _follow_move(lake)
+    _reconcile_landing(lake)
     # Each stage streams from the tables of the one before it: on a fresh home they start empty.
     # Made here, before a rules application starts: two JVMs creating one table conflict.
     for name in lake.names():

@@ -124,3 +124,37 @@ def test_a_stateful_query_killed_while_planning_batch_0_starts_again(spark, tmp_
     assert query.awaitTermination(300), "the query did not end"
     assert query.exception() is None and seen[0] == 0
     assert newest(cp, committed=True) is not None
+
+
+def test_landing_files_changed_after_the_etl_read_them_are_named_and_a_copied_home_is_not(tmp_path):
+    import os
+    import shutil
+
+    from pipelines import etl
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.operations.relocate import follow_move
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    zeek = lake.home.landing / "zeek"
+    zeek.mkdir(parents=True)
+    kept, appended, replaced = (zeek / name for name in ("conn.log", "dns.log", "dhcp.log"))
+    for path in (kept, appended, replaced):
+        path.write_text("line 1\n")
+        os.utime(path, (1.7e9, 1.7e9))
+    cp = checkpoint(lake.home.checkpoint(etl.QUERY_NAME), planned=0, committed=0)
+    (cp / "sources" / "0").mkdir(parents=True)
+    (cp / "sources" / "0" / "0").write_text("v1\n" + "\n".join(
+        f'{{"path":"{p.as_uri()}","timestamp":{int(os.stat(p).st_mtime * 1000)},"batchId":0}}'
+        for p in (kept, appended, replaced)))
+    assert etl.changed_after_read(lake) == []
+    with appended.open("a") as f:
+        f.write("line 2\n")
+    replaced.unlink()
+    replaced.write_text("another hour\n")
+    assert etl.changed_after_read(lake) == sorted([str(appended), str(replaced)])
+    # A copy of the home (times not kept) reads its own files as they are there now: none changed.
+    copy = Lake(Home.resolve(tmp_path / "copy"))
+    shutil.copytree(lake.home.root, copy.home.root, copy_function=shutil.copy)
+    assert follow_move(copy.home) == 3
+    assert etl.changed_after_read(copy) == []

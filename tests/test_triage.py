@@ -8,15 +8,17 @@ import pytest
 from pipelines.cli import main
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
+from pipelines.rules.pack import RULES_DIR, scan_rules
 from pipelines.triage.store import TRIAGE_TABLE, Change, apply, queue, resolve_ids, triaged_alerts
 
 T0 = datetime(2026, 11, 20, 6, 0, tzinfo=timezone.utc)
-ALERTS = [  # alert_id, rule_id, severity, src_ip, mac, device, window start (hours after T0)
+ALERTS = [  # alert_id, rule (file name), severity, src_ip, mac, device, window start (hours after T0)
     ("aaaa11110" + "0" * 55, "dga_nxdomain_burst", "medium", "10.0.0.5", "aa:bb:cc:00:00:05", "laptop-5", 0),
     ("aaaa11119" + "0" * 55, "dns_exfiltration", "high", "10.0.0.6", "aa:bb:cc:00:00:06", "laptop-6", 1),
     ("bbbb22220" + "0" * 55, "internal_port_scan", "medium", "10.0.0.5", "aa:bb:cc:00:00:05", "laptop-5", 2),
     ("cccc33330" + "0" * 55, "high_severity_ids_alert", "critical", "10.0.0.7", None, None, 3),
 ]
+RULE_IDS = {rule.slug: rule.id for rule in scan_rules(RULES_DIR).rules}  # alerts hold ids, users give names
 
 
 @pytest.fixture
@@ -28,7 +30,7 @@ def lake(spark, tmp_path) -> Lake:
     for alert_id, rule, severity, ip, mac, device, hours in ALERTS:
         start = T0 + timedelta(hours=hours)
         row = {f: None for f in schema.fieldNames()}
-        row.update(alert_id=alert_id, rule_id=rule, rule_name=rule, severity=severity, src_ip=ip, mac=mac,
+        row.update(alert_id=alert_id, rule_id=RULE_IDS[rule], rule_name=rule, severity=severity, src_ip=ip, mac=mac,
                    device=device, window_start=start, window_end=start + timedelta(minutes=5),
                    evidence=f"{rule} on {ip}", event_date=start.date())
         rows.append(row)
@@ -79,7 +81,7 @@ def test_queue_filters_and_puts_the_most_severe_and_newest_first(spark, lake):
     assert ids(queue(spark, lake, ("open",))) == ["cccc33330", "aaaa11110"]
     assert ids(queue(spark, lake, ("open", "acknowledged", "closed"), host="laptop-5")) == ["bbbb22220", "aaaa11110"]
     assert ids(queue(spark, lake, host="AA:BB:CC:00:00:06")) == ["aaaa11119"]
-    assert ids(queue(spark, lake, rule="dga_nxdomain_burst")) == ["aaaa11110"]
+    assert ids(queue(spark, lake, rule=RULE_IDS["dga_nxdomain_burst"])) == ["aaaa11110"]
     assert ids(queue(spark, lake, severity="critical")) == ["cccc33330"]
     assert ids(queue(spark, lake, since=T0 + timedelta(hours=1))) == ["cccc33330", "aaaa11119"]
     assert triaged_alerts(spark, lake).count() == len(ALERTS)  # never triaged: still there, open
@@ -115,7 +117,7 @@ def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spar
     assert sorted(day) == ["10.0.0.7", "laptop-5", "laptop-6"]
     five = day["laptop-5"]
     assert (five.alerts, five.open_alerts, five.risk, five.max_severity) == (2, 1, 40, "medium")
-    assert five.rules == ["dga_nxdomain_burst", "internal_port_scan"]
+    assert five.rules == sorted([RULE_IDS["dga_nxdomain_burst"], RULE_IDS["internal_port_scan"]])
     assert (day["10.0.0.7"].risk, day["10.0.0.7"].max_severity) == (100, "critical")
     assert [r.entity for r in incidents(spark, lake).collect()][0] == "10.0.0.7"  # riskiest first
     hourly = [r for r in incidents(spark, lake, timedelta(hours=1)).collect() if r.entity == "laptop-5"]
@@ -147,7 +149,8 @@ def test_the_incidents_asset_writes_the_incidents_as_a_table_and_rebuilds_it_who
 def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     from pipelines.triage.suppressions import Suppression, add, expire, mark
 
-    scan = add(spark, lake, Suppression("cidr", "10.0.0.4/31", "lab scanner", rule_id="internal_port_scan"), now=T0)
+    scan = add(spark, lake, Suppression("cidr", "10.0.0.4/31", "lab scanner", rule_id=RULE_IDS["internal_port_scan"]),
+               now=T0)
     mac = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
     gone = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
     ended = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
@@ -185,3 +188,50 @@ def test_a_suppressed_alert_is_written_with_suppressed_by_and_left_out_of_the_qu
     assert main(["suppress", "expire", ident, *home]) == 0
     assert main(["suppress", "list", *home]) == 0
     assert "expired" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_cli_names_rules_by_file_name_or_id_and_shows_their_names(spark, lake, capsys):
+    home = ["--home", str(lake.home.root)]
+    rule_of = lambda out: [line.split()[2] for line in out.splitlines()[2:]]  # noqa: E731
+    for given in ("dga_nxdomain_burst", RULE_IDS["dga_nxdomain_burst"]):
+        assert main(["alerts", "list", "--rule", given, *home]) == 0
+        out = capsys.readouterr()
+        assert rule_of(out.out) == ["dga_nxdomain_burst"] and "1 alert(s)" in out.err
+    assert main(["alerts", "list", *home]) == 0
+    assert rule_of(capsys.readouterr().out) == ["high_severity_ids_alert", "dns_exfiltration", "internal_port_scan",
+                                                "dga_nxdomain_burst"]
+    assert main(["alerts", "incidents", *home]) == 0
+    assert "dga_nxdomain_burst, internal_port_scan" in capsys.readouterr().out  # laptop-5's two rules
+
+
+def test_a_suppression_given_a_rule_by_file_name_is_stored_by_id_and_matches(spark, lake, capsys):
+    from pipelines.triage.suppressions import SUPPRESSIONS_TABLE, mark
+
+    home = ["--home", str(lake.home.root)]
+    assert main(["suppress", "add", "--rule", "internal_port_scan", "--ip", "10.0.0.5", "--reason", "lab scanner",
+                 "--by", "ana", *home]) == 0
+    out = capsys.readouterr().out
+    ident = out.split()[1].rstrip(":")
+    assert f"internal_port_scan ({RULE_IDS['internal_port_scan']}) on ip 10.0.0.5" in out
+    assert [r.rule_id for r in lake.read(spark, SUPPRESSIONS_TABLE).collect()] == [RULE_IDS["internal_port_scan"]]
+    marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake).collect()}
+    assert marked == {"aaaa11110": None, "aaaa11119": None, "bbbb22220": ident, "cccc33330": None}  # that rule only
+    assert main(["suppress", "list", *home]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[:2] == [ident, "internal_port_scan"]
+
+
+@pytest.mark.parametrize("command", [["alerts", "list", "--rule", "port_scan"],
+                                     ["suppress", "add", "--rule", "port_scan", "--ip", "10.0.0.5", "--reason", "x"]])
+def test_an_unknown_rule_is_refused_naming_it_and_the_valid_names(lake, capsys, command):
+    assert main([*command, "--home", str(lake.home.root)]) == 2
+    err = capsys.readouterr().err
+    assert "no rule 'port_scan'" in err and "internal_port_scan" in err and len(err.splitlines()) == 1
+    assert not lake.exists("suppressions")  # nothing written
+
+
+def test_a_bad_severity_is_refused_by_the_parser_naming_the_allowed_values(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["alerts", "list", "--severity", "hihg", "--home", "unused"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'hihg'" in err and "'critical', 'high', 'medium', 'low', 'info'" in err

@@ -10,6 +10,7 @@ their logs hold relative paths, and stream offsets name tables by id.
 from __future__ import annotations
 
 import json
+import os
 from urllib.parse import quote, unquote
 
 from pipelines.home import Home
@@ -52,6 +53,10 @@ def follow_move(home: Home) -> int:
             moved = _moved(unquote(entry["path"].removeprefix("file://")), landing)
             if moved is not None:
                 entry["path"] = "file://" + quote(moved, safe=URI_PATH_SAFE)
+                try:  # a copy may not keep the time: the file as found here is the one read
+                    entry["timestamp"] = int(os.stat(moved).st_mtime * 1000)
+                except FileNotFoundError:
+                    pass
                 lines[i] = json.dumps(entry, separators=(",", ":"))
                 changed += 1
         if changed:

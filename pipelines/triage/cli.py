@@ -7,6 +7,11 @@ import getpass
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
+
+from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
+from pipelines.rules.pack import scan_rules
+from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
@@ -20,20 +25,25 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     >>> add_commands(sub, lambda p: p.add_argument("--home"))
     >>> parser.parse_args(["alerts", "ack", "3f2a9c1d", "--note", "known scanner"]).note
     'known scanner'
+    >>> parser.parse_args(["alerts", "list", "--rule", "dga_nxdomain_burst", "--severity", "high"]).severity
+    'high'
     """
+    from pipelines.triage.store import SEVERITIES
+
     alerts = sub.add_parser("alerts", help="the alert queue: list, show, acknowledge, close, assign")
     verbs = alerts.add_subparsers(dest="alerts_command", required=True)
 
     listing = verbs.add_parser("list", help="alerts to look at, most severe and newest first")
     listing.add_argument("--status", action="append", default=[], metavar="STATUS",
                          help="open, acknowledged, closed or all (repeatable; default: open and acknowledged)")
-    listing.add_argument("--rule", help="a rule id, e.g. dga_nxdomain_burst")
-    listing.add_argument("--severity", help="critical, high, medium, low or info")
+    listing.add_argument("--rule", help="a rule's file name or id, e.g. dga_nxdomain_burst (seclake rules list)")
+    listing.add_argument("--severity", choices=SEVERITIES, help=f"{', '.join(SEVERITIES[:-1])} or {SEVERITIES[-1]}")
     listing.add_argument("--host", help="an IP, MAC or device name")
     listing.add_argument("--since", help="window start at or after this UTC time, e.g. 2026-11-20T06:00")
     listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     listing.add_argument("--suppressed", action="store_true", help="include suppressed alerts")
     home_arg(listing)
+    rules_dir_arg(listing)
     listing.set_defaults(func=cmd_list)
 
     grouped = verbs.add_parser("incidents", help="alerts grouped per host in time, with a risk score")
@@ -43,6 +53,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     grouped.add_argument("--all", action="store_true", help="also incidents whose alerts are all closed")
     grouped.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     home_arg(grouped)
+    rules_dir_arg(grouped)
     grouped.set_defaults(func=cmd_incidents)
 
     show = verbs.add_parser("show", help="one alert with its evidence, state and notes")
@@ -67,7 +78,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     actions = suppress.add_subparsers(dest="suppress_command", required=True)
     adding = actions.add_parser("add", help="mark alerts of a rule (or all rules) on an entity as suppressed")
     scope = adding.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--rule", help="the rule id it applies to")
+    scope.add_argument("--rule", help="the rule it applies to: its file name or id (seclake rules list)")
     scope.add_argument("--all-rules", action="store_true", help="apply to every rule")
     entity = adding.add_mutually_exclusive_group(required=True)
     for kind in ("ip", "cidr", "mac", "device", "domain"):
@@ -76,9 +87,11 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     adding.add_argument("--expires", help="UTC time it ends, e.g. 2026-12-31 (default: never)")
     adding.add_argument("--by", default=None, help="author (default: the login name)")
     home_arg(adding)
+    rules_dir_arg(adding)
     adding.set_defaults(func=cmd_suppress_add)
     listing = actions.add_parser("list", help="every suppression, active or not")
     home_arg(listing)
+    rules_dir_arg(listing)
     listing.set_defaults(func=cmd_suppress_list)
     ending = actions.add_parser("expire", help="end a suppression now")
     ending.add_argument("suppression", metavar="ID")
@@ -92,6 +105,28 @@ def _spark_and_lake(args: argparse.Namespace):
     from pipelines.spark import get_spark
 
     return get_spark(app_name="seclake-alerts", ui=False), Lake(Home.resolve(args.home))
+
+
+def rule_id(name: str, rules_dir: Path) -> str:
+    """The id of the rule `name` names by file name (as `seclake rules list` shows it) or id;
+    a platform alert's rule id (`seclake.*`) as given. Alerts and suppressions hold ids.
+
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> rule_id("internal_port_scan", RULES_DIR) == rule_id("af17274f-539a-4731-afe7-60af887fc10e", RULES_DIR)
+    True
+    >>> rule_id("port_scan", RULES_DIR)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: no rule 'port_scan' in ...; rules: c2_beaconing, ...
+    """
+    if name.startswith(PLATFORM_RULE_PREFIX):
+        return name
+    return find_rule(name, rules_dir).id
+
+
+def rule_names(rules_dir: Path) -> dict[str, str]:
+    """Rule id -> file name for the pack in `rules_dir`: listings show names, and an id missing
+    here (a rule since removed, a platform alert) as itself."""
+    return {rule.id: rule.slug for rule in scan_rules(rules_dir).rules}
 
 
 def _utc_time(text: str | None, flag: str) -> datetime | None:
@@ -108,11 +143,14 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
     from pipelines.triage.suppressions import MATCH_TYPES, Suppression, add
 
     kind = next(k for k in MATCH_TYPES if getattr(args, k) is not None)
-    suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=args.rule,
+    # Stored by id, which is what `mark` compares with each alert's rule_id.
+    rule = rule_id(args.rule, rules_folder(args)) if args.rule else None
+    suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=rule,
                               expires_at=_utc_time(args.expires, "--expires"), author=args.by or getpass.getuser())
     spark, lake = _spark_and_lake(args)
     ident = add(spark, lake, suppression)
-    print(f"suppression {ident}: {args.rule or 'every rule'} on {kind} {getattr(args, kind)}"
+    named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
+    print(f"suppression {ident}: {named} on {kind} {getattr(args, kind)}"
           f"{f' until {args.expires}' if args.expires else ''}")
     return 0
 
@@ -125,9 +163,10 @@ def cmd_suppress_list(args: argparse.Namespace) -> int:
     rows = lake.read(spark, SUPPRESSIONS_TABLE).orderBy("created_at").collect() if lake.exists(
         SUPPRESSIONS_TABLE) else []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
+    names = rule_names(rules_folder(args))
     print_table(["id", "rule", "match", "reason", "by", "created (UTC)", "state"],
-                [(r.suppression_id, r.rule_id or "(all)", f"{r.match_type} {r.match_value}", r.reason, r.author,
-                  f"{r.created_at:%Y-%m-%d %H:%M}",
+                [(r.suppression_id, names.get(r.rule_id, r.rule_id) if r.rule_id else "(all)",
+                  f"{r.match_type} {r.match_value}", r.reason, r.author, f"{r.created_at:%Y-%m-%d %H:%M}",
                   "expired" if r.expired_at or (r.expires_at and r.expires_at <= now)
                   else f"until {r.expires_at:%Y-%m-%d %H:%M}" if r.expires_at else "active") for r in rows])
     return 0
@@ -148,10 +187,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     from pipelines.triage.store import ACKNOWLEDGED, MIN_PREFIX, OPEN, STATUSES, queue
 
     statuses = tuple(STATUSES) if "all" in args.status else tuple(args.status) or (OPEN, ACKNOWLEDGED)
+    rule = rule_id(args.rule, rules_folder(args)) if args.rule else None  # refused before Spark starts
+    names = rule_names(rules_folder(args))
     spark, lake = _spark_and_lake(args)
-    rows = queue(spark, lake, statuses, rule=args.rule, severity=args.severity, host=args.host,
+    rows = queue(spark, lake, statuses, rule=rule, severity=args.severity, host=args.host,
                  since=_utc_time(args.since, "--since"), suppressed=args.suppressed).limit(args.limit).collect()
-    print_table(LIST_COLUMNS, [(r.alert_id[:MIN_PREFIX + 4], r.severity, r.rule_id,
+    print_table(LIST_COLUMNS, [(r.alert_id[:MIN_PREFIX + 4], r.severity, names.get(r.rule_id, r.rule_id),
                                 f"{r.window_start:%Y-%m-%d %H:%M}" if r.window_start else None,
                                 r.src_ip, r.device, r.status, r.assignee, r.suppressed_by) for r in rows])
     print(f"{len(rows)} alert(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
@@ -173,9 +214,10 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     if not args.all:
         frame = frame.where(F.col("open_alerts") > 0)
     rows = frame.limit(args.limit).collect()
+    names = rule_names(rules_folder(args))
     print_table(["entity", "risk", "top severity", "alerts", "open", "first (UTC)", "last (UTC)", "rules"],
                 [(r.entity, r.risk, r.max_severity, r.alerts, r.open_alerts, f"{r.first_seen:%Y-%m-%d %H:%M}",
-                  f"{r.last_seen:%Y-%m-%d %H:%M}", ", ".join(r.rules)) for r in rows])
+                  f"{r.last_seen:%Y-%m-%d %H:%M}", ", ".join(sorted(names.get(i, i) for i in r.rules))) for r in rows])
     print(f"{len(rows)} incident(s){' (--limit reached)' if len(rows) == args.limit else ''}", file=sys.stderr)
     return 0
 
