@@ -384,8 +384,8 @@ class QueryReport:
     def input(self) -> str:
         """What the query read: '4 files, 5,936 data lines' (the ETL) or '1,942 rows'."""
         if self.read:
-            return ", ".join(f"{n:,} {unit}" for unit, n in self.read.items())
-        return f"{self.rows_in:,} rows"
+            return ", ".join(_plural(n, unit.removesuffix("s"), unit) for unit, n in self.read.items())
+        return _plural(self.rows_in, "row", "rows")
 
     def output(self) -> str:
         """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing new'."""

@@ -56,7 +56,9 @@ def read_table(spark: SparkSession, path: str | os.PathLike, *, version: int | N
             raise ValueError(f"no Delta table at {uri}") from None
         if "VERSION" in condition or "TIMESTAMP" in condition:
             when = f"version {version}" if version is not None else f"version at or before {timestamp}"
-            raise ValueError(f"{name} has no {when}: {str(exc).splitlines()[0]}") from None
+            # Delta's message breaks its sentence over lines; one line, without the plan if any.
+            reason = " ".join(str(exc).split("\n\n", 1)[0].split())
+            raise ValueError(f"{name} has no {when}: {reason}") from None
         raise
 
 

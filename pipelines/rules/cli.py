@@ -19,7 +19,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     >>> parser.parse_args(["rules", "validate"]).rules_command
     'validate'
     """
-    rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest, coverage (docs/rules.md)")
+    rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest, coverage, status, "
+                                         "enable (docs/rules.md)")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="RULES_COMMAND")
 
     listing = rules_sub.add_parser("list", help="one line per rule: file, version, severity, MITRE, name")
@@ -143,20 +144,21 @@ def cmd_test(args: argparse.Namespace) -> int:
     rules_dir = rules_folder(args)
     pack = scan_rules(rules_dir)
     rules = [find_rule(n, rules_dir) for n in args.names] if args.names else pack.rules
-    failures = 0 if args.names else len(pack.errors)
-    for reason in ([] if args.names else pack.errors.values()):
+    invalid = [] if args.names else list(pack.errors.values())
+    for reason in invalid:
         print(f"INVALID {reason}")
-    for rule in rules:
-        for problem in lint_rule(rule):
-            print(f"LINT    {problem}")
-            failures += 1
+    lint = [problem for rule in rules for problem in lint_rule(rule)]
+    for problem in lint:
+        print(f"LINT    {problem}")
     spark = get_spark(app_name="seclake-rules-test", ui=False)
     results = run_rule_tests(spark, rules)
     print_table(["rule", "case", "result", "why"],
                 [(r.rule, r.case, "PASS" if r.passed else "FAIL", r.message) for r in results])
-    failures += sum(not r.passed for r in results)
-    print(f"{len(results)} cases, {failures} failure(s)", file=sys.stderr)
-    return 1 if failures else 0
+    failed = sum(not r.passed for r in results)
+    counts = [f"{len(results)} case(s), {failed} failed"] + [
+        f"{n} {what}" for n, what in ((len(lint), "lint problem(s)"), (len(invalid), "invalid file(s)")) if n]
+    print(", ".join(counts), file=sys.stderr)
+    return 1 if failed or lint or invalid else 0
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
