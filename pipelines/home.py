@@ -83,6 +83,14 @@ class Home:
         """Indicator feeds dropped here are loaded by Dagster's `intel_sensor` (docs/triage.md)."""
         return self.root / "intel"
 
+    def existing(self) -> "Home":
+        """Self, when it holds a tables/ folder (a home some run has written); else a ValueError
+        naming it, before any Spark starts: a mistyped --home would read as an empty home."""
+        if not self.tables.is_dir():
+            raise ValueError(f"{self.root} is not a seclake home (no tables/ folder); "
+                             "pass --home/home= or set SECLAKE_HOME")
+        return self
+
     def create(self) -> "Home":
         """Create the standard sub-folders (idempotent), record a lake on object storage, return self."""
         for d in (self.landing, self.tables, self.checkpoints, self.reference):

@@ -148,3 +148,10 @@ def test_a_rule_that_names_a_missing_column_fails_its_backtest_in_one_line(home,
     last = run.stderr.splitlines()[-1]
     assert last.startswith("seclake rules: rule bad_column fails on the tables: [UNRESOLVED_COLUMN"), last
     assert "`qurey`" in last
+
+
+def test_rules_status_refuses_a_folder_that_is_not_a_home(tmp_path):
+    typo = seclake("rules", "status", "--home", str(tmp_path / "nope"))
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    assert typo.stderr == f"seclake rules: {tmp_path / 'nope'} is not a seclake home (no tables/ folder); " \
+                          "pass --home/home= or set SECLAKE_HOME\n"

@@ -230,7 +230,8 @@ def _rule_status(args: argparse.Namespace):
     from pipelines.rules.status import RuleStatus
     from pipelines.spark import get_spark
 
-    return RuleStatus(get_spark(app_name="seclake-rules-status", ui=False), Lake(Home.resolve(args.home)))
+    home = Home.resolve(args.home).existing()
+    return RuleStatus(get_spark(app_name="seclake-rules-status", ui=False), Lake(home))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

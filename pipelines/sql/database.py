@@ -38,11 +38,7 @@ def connect(home: str | os.PathLike | None = None, *, spark: SparkSession | None
     """
     from pipelines.lake.registry import Lake
 
-    resolved = Home.resolve(home)
-    if not resolved.tables.is_dir():
-        raise ValueError(f"{resolved.root} is not a seclake home (no tables/ folder); "
-                         "pass --home/home= or set SECLAKE_HOME")
-    return Database(Lake(resolved), spark)
+    return Database(Lake(Home.resolve(home).existing()), spark)
 
 
 class Database:
