@@ -92,7 +92,7 @@ def test_report_prints_aligned_tables():
                    owner="ana", evidence="x") for _ in range(2)]
     alerts.append(dict(alert("18:30", "18:40", "10.0.1.20", None), device=None, owner=None, evidence="y"))
     result = Backtest(validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql"), None, None, alerts,
-                      scores=score(alerts, INCIDENTS[:2]))
+                      scores=score(alerts, INCIDENTS[:3]))
     lines = result.lines()
     assert lines[0] == f"dga_nxdomain_burst v{result.rule.version} (medium) over start .. end: 3 alerts"
     table = next(block for block in lines if block.startswith("src_ip")).splitlines()
@@ -101,6 +101,7 @@ def test_report_prints_aligned_tables():
     assert table[3].split() == ["10.0.1.20", "-", "-", "-", "1"]
     assert len(table[2]) == len(table[3])  # counts end in the same column
     assert any(line.split() == ["dga", "1", "1"] for block in lines for line in block.splitlines())
+    assert lines[-1] == "not hit (1 of the ground truth's 3 scenarios): dhcp_starvation"
 
 
 def test_the_headline_counts_what_each_suppression_removes():

@@ -170,9 +170,14 @@ class Backtest:
             p = self.scores.precision
             out += ["", f"ground truth: precision {'n/a' if p is None else f'{p:.1%}'} "
                         f"({self.scores.true_alerts}/{self.scores.alerts} alerts belong to an injected incident)"]
-            if self.scores.recall:
+            recall = sorted(self.scores.recall.items())
+            if any(got for _, (got, _) in recall):
                 out.append(format_table(["scenario", "recalled", "injected"],
-                                        [(s, got, total) for s, (got, total) in sorted(self.scores.recall.items())]))
+                                        [(s, got, total) for s, (got, total) in recall if got]))
+            missed = [s for s, (got, _) in recall if not got]
+            if missed:  # a rule hits the scenarios it detects; the others are listed, not scored as misses
+                out.append(f"not hit ({len(missed)} of the ground truth's {len(recall)} scenarios): "
+                           f"{', '.join(missed)}")
         if self.against is not None:
             out += ["", f"against v{self.against.version}: {len(self.new)} new, {len(self.removed)} removed"]
             out += [f"  + {_describe(a)}" for a in self.new]
