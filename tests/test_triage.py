@@ -235,3 +235,12 @@ def test_a_bad_severity_is_refused_by_the_parser_naming_the_allowed_values(capsy
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "'hihg'" in err and "'critical', 'high', 'medium', 'low', 'info'" in err
+
+
+def test_a_suppression_saved_by_rule_name_before_is_listed_as_matching_nothing(spark, lake, capsys):
+    from pipelines.triage.suppressions import Suppression, add
+
+    old = add(spark, lake, Suppression("ip", "10.0.0.5", "lab scanner", rule_id="internal_port_scan", author="ana"))
+    assert main(["suppress", "list", "--home", str(lake.home.root)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(old))
+    assert row.endswith("matches nothing (saved by rule name): expire it and add it again"), row

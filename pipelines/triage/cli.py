@@ -164,10 +164,14 @@ def cmd_suppress_list(args: argparse.Namespace) -> int:
         SUPPRESSIONS_TABLE) else []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     names = rule_names(rules_folder(args))
+    # Before rules were looked up by name, `--rule NAME` stored the name, which no alert's rule_id equals.
+    by_name = {r.suppression_id for r in rows if r.rule_id in set(names.values())}
     print_table(["id", "rule", "match", "reason", "by", "created (UTC)", "state"],
                 [(r.suppression_id, names.get(r.rule_id, r.rule_id) if r.rule_id else "(all)",
                   f"{r.match_type} {r.match_value}", r.reason, r.author, f"{r.created_at:%Y-%m-%d %H:%M}",
                   "expired" if r.expired_at or (r.expires_at and r.expires_at <= now)
+                  else "matches nothing (saved by rule name): expire it and add it again"
+                  if r.suppression_id in by_name
                   else f"until {r.expires_at:%Y-%m-%d %H:%M}" if r.expires_at else "active") for r in rows])
     return 0
 
