@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -76,7 +77,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream")
     settings = _settings(args)
     name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
-    print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; Ctrl-C to stop",
+    stop = "SIGTERM" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "Ctrl-C"  # the rules child: its parent
+    print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; {stop} to stop",
           file=sys.stderr)
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
                      report_every=args.report_every, only=args.only)

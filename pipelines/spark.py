@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socketserver
 import subprocess
 import sys
@@ -216,7 +217,12 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    ignores_ctrl_c = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     spark = builder.getOrCreate()
+    if ignores_ctrl_c and threading.current_thread() is threading.main_thread():
+        # The SparkContext installs a Ctrl-C handler that cancels every job: a process started to
+        # ignore Ctrl-C (`seclake stream`'s rules application, stopped by its parent) keeps ignoring it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     spark.sparkContext.setLogLevel(log_level)
     return spark
 
