@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # A Spark error's message carries its plan and stack: its first line says it. (No import
         # of pyspark here: commands that start no JVM do not load it.)
-        errors = sys.modules.get("pyspark.errors")
-        if errors is None or not isinstance(exc, errors.PySparkException):
+        errors, py4j = sys.modules.get("pyspark.errors"), sys.modules.get("py4j.protocol")
+        if not ((errors and isinstance(exc, errors.PySparkException))
+                or (py4j and isinstance(exc, py4j.Py4JJavaError))):
             raise
         from pipelines.query import error_summary
 

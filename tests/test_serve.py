@@ -143,3 +143,15 @@ def test_the_tables_are_unchanged_and_the_server_stops_cleanly_on_sigterm(home, 
     assert proc.wait(timeout=60) == 0
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+
+
+def test_a_port_in_use_is_named_in_one_line(home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*SECLAKE, "serve", "--home", str(home.root), "--port", str(port)],
+                              capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"seclake serve: cannot listen on 127.0.0.1:{port}: "), done.stderr[-3000:]
+    assert "Address already in use" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]

@@ -69,6 +69,9 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
 
     Prints one line with the JDBC URL to `out` once clients can connect.
     """
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.query import error_summary
     from pipelines.spark import JARS_DIR, get_spark
     from pipelines.sql.database import connect
 
@@ -81,8 +84,12 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     assert jvm is not None  # the session above started it
     jvm.seclake.sandbox.SqlSandbox.trust(spark._jsparkSession)  # this session registers the tables
     lake.register(spark)
-    server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithSparkSession(
-        spark._jsparkSession, False)  # False: a server error raises here instead of exiting the JVM
+    try:
+        server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithSparkSession(
+            spark._jsparkSession, False)  # False: a server error raises here instead of exiting the JVM
+    except Py4JJavaError as exc:
+        spark.stop()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {error_summary(exc)}") from None
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
