@@ -155,3 +155,12 @@ def test_rules_status_refuses_a_folder_that_is_not_a_home(tmp_path):
     assert typo.returncode == 2 and typo.stdout == "", typo.stdout
     assert typo.stderr == f"seclake rules: {tmp_path / 'nope'} is not a seclake home (no tables/ folder); " \
                           "pass --home/home= or set SECLAKE_HOME\n"
+
+
+@pytest.mark.parametrize("command", [["maintain", "--dry-run"], ["retention", "--dry-run"],
+                                     ["rollback", "silver_dns", "--to-version", "0", "--dry-run"]])
+def test_operator_commands_refuse_a_folder_that_is_not_a_home(tmp_path, command):
+    typo = seclake(*command, "--home", str(tmp_path / "nope"))
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    assert typo.stderr.startswith(f"seclake {command[0]}: {tmp_path / 'nope'} is not a seclake home"), typo.stderr
+    assert not (tmp_path / "nope").exists()

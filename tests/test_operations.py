@@ -91,6 +91,8 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     marker_path(lake.home).write_text(f"{os.getpid()}\n")  # this process is alive
     assert running_stream(lake.home) == os.getpid()
     with pytest.raises(RuntimeError, match="stream .* is running"):
+        rollback(None, lake, "silver_dns", 0)
+    with pytest.raises(ValueError, match="does not exist"):  # a dry run only reads: it plans
         rollback(None, lake, "silver_dns", 0, dry_run=True)
     marker_path(lake.home).write_text("999999999\n")  # a stream killed without cleanup
     assert running_stream(lake.home) is None

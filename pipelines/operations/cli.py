@@ -43,7 +43,7 @@ def _lake(args: argparse.Namespace):
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
 
-    return Lake(Home.resolve(args.home))
+    return Lake(Home.resolve(args.home).existing())  # a mistyped --home fails here, not as an empty home
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -84,8 +84,9 @@ def cmd_retention(args: argparse.Namespace) -> int:
     from pipelines.operations.retention import apply_retention
     from pipelines.spark import get_spark
 
+    lake, settings = _lake(args), _settings_of(args)  # bad input refused before Spark starts
     spark = get_spark(app_name="seclake-retention")
-    for step in apply_retention(spark, _lake(args), _settings_of(args), dry_run=args.dry_run):
+    for step in apply_retention(spark, lake, settings, dry_run=args.dry_run):
         print(step.line(args.dry_run))
     return 0
 

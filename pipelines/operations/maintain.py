@@ -60,7 +60,8 @@ def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settin
     from pipelines.lake.maintenance import compact, vacuum
     from pipelines.operations.running import refuse_while_streaming
 
-    refuse_while_streaming(lake.home, "maintenance")
+    if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
+        refuse_while_streaming(lake.home, "maintenance")
     if settings.vacuum_retention_hours < MIN_RETENTION_HOURS:
         raise ValueError(f"vacuum_retention_hours must be >= {MIN_RETENTION_HOURS} (Delta's floor: a lagging "
                          f"stream or time travel would lose files), not {settings.vacuum_retention_hours}")

@@ -47,7 +47,8 @@ def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings =
     `dry_run`, count them). `today` defaults to the UTC date."""
     from pipelines.operations.running import refuse_while_streaming
 
-    refuse_while_streaming(lake.home, "retention")
+    if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
+        refuse_while_streaming(lake.home, "retention")
     today = today or datetime.now(timezone.utc).date()
     steps = []
     for name in (n for n in lake.names() if lake.exists(n)):

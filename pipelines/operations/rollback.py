@@ -283,10 +283,11 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
 
 def rollback(spark: SparkSession | None, lake: Lake, table: str, version: int, cascade: bool = False,
              dry_run: bool = False, rules_dir: str | Path | None = None) -> RollbackPlan:
-    """Plan and (unless `dry_run`) apply a rollback; refuses while a stream runs on the home."""
+    """Plan and (unless `dry_run`) apply a rollback; the rollback refuses while a stream runs on the home."""
     from pipelines.operations.running import refuse_while_streaming
 
-    refuse_while_streaming(lake.home, "a rollback")
+    if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
+        refuse_while_streaming(lake.home, "a rollback")
     plan = plan_rollback(lake, table, version, cascade, rules_dir)
     if not dry_run:
         if spark is None:

@@ -632,12 +632,14 @@ class RuleManager:
             running.remove(entry)
             result.stopped.append(name)
         self._record_invalid(invalid, current, status, result)
-        for name in result.started + result.restarted + result.stopped:
-            log.warning("rules: %s %s", name, "started" if name in result.started else
-                        "restarted" if name in result.restarted else "stopped")
-        for entry in running:
-            if entry.name in result.retried and not isinstance(entry.query, StoppedQuery):
-                log.warning("rules: %s started (its input tables exist now)", entry.name)
+        # One line per sync (a deploy is worth seeing at the default level; ten lines a start are not).
+        changes = [f"{what} {', '.join(names)}" for what, names in (
+            ("started", result.started), ("restarted", result.restarted), ("stopped", result.stopped),
+            ("started now that their input tables exist",
+             [e.name for e in running if e.name in result.retried and not isinstance(e.query, StoppedQuery)]))
+            if names]
+        if changes:
+            log.warning("%s", "; ".join(changes))
         return result
 
     @staticmethod
