@@ -132,7 +132,7 @@ def add_server_commands(sub: argparse._SubParsersAction, name: str, help: str, v
     ('start', 19000)
     """
     command = sub.add_parser(name, help=help)
-    verb_parsers = command.add_subparsers(dest=f"{name}_command", required=True)
+    verb_parsers = command.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
     made = {}
     for verb, text in verbs.items():
         parser = verb_parsers.add_parser(verb, help=text)

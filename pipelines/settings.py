@@ -1,6 +1,7 @@
 """Stream settings with their defaults and the reasons for them; one object passed to every job."""
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -159,6 +160,10 @@ class Settings:
 
         >>> Settings().with_overrides({"max_files_per_trigger": "20"}).max_files_per_trigger
         20
+        >>> Settings().with_overrides({"trigger_intervl": "5 seconds"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown setting trigger_intervl; did you mean trigger_interval? (the settings: ...)
         >>> Settings().with_overrides({"max_files_per_trigger": "many"})
         Traceback (most recent call last):
         ...
@@ -183,7 +188,9 @@ class Settings:
         kinds = {f.name: type(getattr(self, f.name)) for f in fields(self)}
         unknown = sorted(set(overrides) - set(kinds))
         if unknown:
-            raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(kinds)}")
+            near = [m for name in unknown for m in difflib.get_close_matches(name, kinds, n=1)]
+            raise ValueError(f"unknown setting {', '.join(unknown)}" + (f"; did you mean {', '.join(near)}?" if near
+                             else "") + f" (the settings: {', '.join(sorted(kinds))}; pipelines/settings.py)")
         converted: dict[str, Any] = {}
         for name, value in overrides.items():
             kind = kinds[name]

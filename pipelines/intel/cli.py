@@ -18,7 +18,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     30
     """
     intel = sub.add_parser("intel", help="threat-intelligence indicators")
-    verbs = intel.add_subparsers(dest="intel_command", required=True)
+    verbs = intel.add_subparsers(dest="intel_command", required=True, metavar="COMMAND")
     load = verbs.add_parser("load", help="load a feed (plain list, CSV or STIX 2.1 bundle of IPs and domains), "
                                          "then sweep history")
     load.add_argument("file", type=Path, metavar="FILE")

@@ -17,7 +17,10 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg:
     >>> parser.parse_args(["notify", "--follow", "--every", "30"]).every
     30.0
     """
-    notify = sub.add_parser("notify", help="deliver new alerts to the webhook in settings (notify_webhook_url)")
+    notify = sub.add_parser(
+        "notify", help="deliver new alerts to the webhook in settings (notify_webhook_url)",
+        description="Deliver the alerts not yet delivered (at least notify_min_severity) to one webhook "
+                    "(Slack-compatible JSON), each once: --set notify_webhook_url=https://... (required).")
     notify.add_argument("--follow", action="store_true", help="keep going: deliver new alerts every --every seconds")
     notify.add_argument("--every", type=float, default=60.0, help="seconds between passes with --follow (default 60)")
     home_arg(notify)

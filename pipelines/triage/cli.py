@@ -31,7 +31,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     from pipelines.triage.store import SEVERITIES
 
     alerts = sub.add_parser("alerts", help="the alert queue: list, show, acknowledge, close, assign")
-    verbs = alerts.add_subparsers(dest="alerts_command", required=True)
+    verbs = alerts.add_subparsers(dest="alerts_command", required=True, metavar="COMMAND")
 
     listing = verbs.add_parser("list", help="alerts to look at, most severe and newest first")
     listing.add_argument("--status", action="append", default=[], metavar="STATUS",
@@ -75,7 +75,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
 
 
     suppress = sub.add_parser("suppress", help="known-benign findings as data: add, list, expire")
-    actions = suppress.add_subparsers(dest="suppress_command", required=True)
+    actions = suppress.add_subparsers(dest="suppress_command", required=True, metavar="COMMAND")
     adding = actions.add_parser("add", help="mark alerts of a rule (or all rules) on an entity as suppressed")
     scope = adding.add_mutually_exclusive_group(required=True)
     scope.add_argument("--rule", help="the rule it applies to: its file name or id (seclake rules list)")
