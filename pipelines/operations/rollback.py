@@ -191,11 +191,12 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
             targets[table], reasons[table] = version, "requested"
         elif batch >= 0 and (checkpoint / "state").is_dir():
             first = _before_batch(history(table), writer.name, -1)
-            allowed = (f"version {first} or earlier (before that stage's first batch)" if first is not None
-                       else "nothing (its version 0 is that stage's first batch)")
+            alone = (f"roll it back to version {first} or earlier (before that stage's first batch)"
+                     if first is not None else "no version of it can be rolled back to alone (its version 0 is "
+                                               "that stage's first batch)")
             raise ValueError(f"{table} is written by {writer.name}, whose checkpoint holds streaming state that "
-                             f"cannot be rewound: it can be rolled back to {allowed}, "
-                             f"or roll back {', '.join(writer.reads)} with --cascade")
+                             f"cannot be rewound: {alone}; or roll back what it reads ({', '.join(writer.reads)}) "
+                             f"to a version before the batches to undo, with --cascade")
         else:
             for name in writer.writes:
                 if lake.exists(name):
