@@ -443,6 +443,11 @@ def report(running: RunningQuery, started: float) -> QueryReport:
     if exc is not None:
         rep.error = error_summary(exc)
     rep.note = getattr(running.query, "note", None)
+    if rep.note is None and rep.error is None and not rep.batches:
+        # A stream's report while its first micro-batch runs would otherwise read "nothing new".
+        status = getattr(running.query, "status", None)
+        if isinstance(status, dict) and status.get("isTriggerActive"):
+            rep.note = "first micro-batch running"
     return rep
 
 

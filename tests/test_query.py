@@ -40,3 +40,29 @@ def test_other_errors_pass_through_unchanged(spark):
         stop_aware(failing)(None, 0)
     with pytest.raises(ValueError, match="bad rows"):
         stop_aware(lambda frame, batch_id: (_ for _ in ()).throw(ValueError("bad rows")))(None, 0)
+
+
+class _Query:
+    """A query handle as `report` reads it: no progress yet, no failure, and a trigger state."""
+
+    def __init__(self, trigger_active: bool) -> None:
+        self.recentProgress: list = []
+        self.status = {"isTriggerActive": trigger_active}
+
+    def exception(self) -> None:
+        return None
+
+
+class _Writer:
+    history: list = []
+
+
+@pytest.mark.parametrize("active, line", [(True, "etl: first micro-batch running"),
+                                          (False, "etl: 0 batches, 0 rows in -> nothing new in 0.0s")])
+def test_a_report_before_the_first_batch_says_whether_it_is_running(active, line):
+    import time
+
+    from pipelines.query import RunningQuery, report
+
+    rep = report(RunningQuery("etl", _Query(active), _Writer(), ()), time.monotonic())  # type: ignore[arg-type]
+    assert rep.line() == line
