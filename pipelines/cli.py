@@ -74,10 +74,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.terminal import print_table
 
     lake = _lake(args)
-    spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream")
+    child = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the rules application, which its parent stops
+    spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream", ignore_ctrl_c=child)
     settings = _settings(args)
     name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
-    stop = "SIGTERM" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "Ctrl-C"  # the rules child: its parent
+    stop = "SIGTERM" if child else "Ctrl-C"
     print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; {stop} to stop",
           file=sys.stderr)
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),

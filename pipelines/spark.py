@@ -172,11 +172,13 @@ def merged(settings: dict[str, str], more: dict[str, str]) -> dict[str, str]:
 
 
 def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = True,
-              conf: dict[str, str] | None = None) -> SparkSession:
+              conf: dict[str, str] | None = None, ignore_ctrl_c: bool = False) -> SparkSession:
     """Build (or return the active) SparkSession with seclake's settings.
 
     `master` defaults to `$SECLAKE_SPARK_MASTER`, else `local[*]`; `conf` overrides any setting,
-    e.g. `{"spark.master": "spark://host:7077"}`, and adds to the class paths.
+    e.g. `{"spark.master": "spark://host:7077"}`, and adds to the class paths. `ignore_ctrl_c`: the
+    process ignores SIGINT after the session starts (`seclake stream`'s rules application, which its
+    parent stops with SIGTERM), not PySpark's handler that cancels every job.
 
     >>> spark = get_spark(ui=False)
     >>> spark.conf.get("spark.sql.parquet.outputTimestampType")
@@ -187,7 +189,7 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
     False
     """
     with BUILDING:
-        return _build(master, app_name, ui, conf)
+        return _build(master, app_name, ui, conf, ignore_ctrl_c)
 
 
 # Held while a session is built: `assets/launch.py` builds the run's session in a thread while
@@ -195,7 +197,8 @@ def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = T
 BUILDING = threading.RLock()
 
 
-def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | None) -> SparkSession:
+def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | None,
+           ignore_ctrl_c: bool) -> SparkSession:
     check_java()
     # Python workers (data sources, pandas state processors) must run this interpreter, the one
     # with pyarrow; pyspark reads the variable only when the SparkContext starts.
@@ -217,11 +220,9 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    ignores_ctrl_c = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     spark = builder.getOrCreate()
-    if ignores_ctrl_c and threading.current_thread() is threading.main_thread():
-        # The SparkContext installs a Ctrl-C handler that cancels every job: a process started to
-        # ignore Ctrl-C (`seclake stream`'s rules application, stopped by its parent) keeps ignoring it.
+    if ignore_ctrl_c and threading.current_thread() is threading.main_thread():
+        # The SparkContext installs a Ctrl-C handler that cancels every job and raises KeyboardInterrupt.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     spark.sparkContext.setLogLevel(log_level)
     return spark

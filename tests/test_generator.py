@@ -418,9 +418,11 @@ def test_committed_sample_is_what_the_generator_makes(tmp_path):
 
 def test_live_mode_stops_cleanly_on_ctrl_c(tmp_path):
     out = tmp_path / "live"
+    # Started as from a terminal, Ctrl-C at its default: not whatever this test process's is.
     proc = subprocess.Popen(
         [sys.executable, "-m", "sample_data.generator", "--out", str(out), "--hours", "0.2", "--hosts", "6",
-         "--rate", "3000"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+         "--rate", "3000"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline and len(list((out / "landing" / "suricata").glob("eve.*"))) < 2:
         time.sleep(0.2)

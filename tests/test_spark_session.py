@@ -85,7 +85,7 @@ def test_a_rename_through_file_context_replaces_its_target_as_checkpoints_need(s
     assert (tmp_path / "1").read_text() == "new" and not (tmp_path / "tmp-1").exists()
 
 
-def test_a_process_that_ignores_ctrl_c_still_ignores_it_with_a_session():
+def test_the_rules_application_keeps_ignoring_ctrl_c_once_its_session_starts():
     """`seclake stream`'s rules application is started ignoring SIGINT (its parent stops it); the
     SparkContext's own handler, which cancels every job and raises KeyboardInterrupt, must not undo that."""
     import signal
@@ -93,8 +93,11 @@ def test_a_process_that_ignores_ctrl_c_still_ignores_it_with_a_session():
     import sys
     from pathlib import Path
 
-    code = ("import signal; from pipelines.spark import get_spark; get_spark(ui=False); "
+    code = ("import signal, sys; from pipelines.spark import get_spark; "
+            "get_spark(ui=False, ignore_ctrl_c=sys.argv[1] == 'ignore'); "
             "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
-                          text=True, timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    assert done.returncode == 0 and done.stdout.strip() == "True", done.stdout + done.stderr[-2000:]
+    for flag, ignored in (("ignore", "True"), ("library", "False")):  # a library user keeps PySpark's handler
+        done = subprocess.run([sys.executable, "-c", code, flag], cwd=Path(__file__).resolve().parents[1],
+                              capture_output=True, text=True, timeout=300,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        assert done.returncode == 0 and done.stdout.strip() == ignored, done.stdout + done.stderr[-2000:]
