@@ -33,7 +33,7 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_asset, table_key
+from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_asset, start_op, table_key
 from pipelines.lake.registry import Lake
 from pipelines.rules.pack import default_rules_dir
 from pipelines.rules.spec import query_name
@@ -106,6 +106,7 @@ def rules_asset(rules: list) -> AssetsDefinition:
                  op_tags={"seclake/rule": "selected"})
     def _rules(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
+        start_op(the_lake)
         selected = [key for key in by_key if key in context.selected_asset_keys]
 
         def on_report(report) -> None:

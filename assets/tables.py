@@ -142,6 +142,17 @@ def as_failure(err: StageError, lake: Lake) -> Failure:
     return Failure(description=str(err), metadata=meta, allow_retries=True)
 
 
+def start_op(lake: Lake, *, landing: bool = False) -> None:
+    """`pipelines.jobs.start_run_once` for an op that writes tables (`landing`: it reads landing);
+    refused while `seclake stream` runs on the home, as a Failure not retried."""
+    from pipelines.jobs import start_run_once
+
+    try:
+        start_run_once(lake, landing=landing)
+    except RuntimeError as err:
+        raise Failure(description=str(err), allow_retries=False) from None
+
+
 def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None = None) -> AssetsDefinition:
     """The multi-asset of one stage: one spec per table in `writes` (the tables only it writes),
     one query run per materialisation, then one per stage that is part of it (`parts`: the ETL from
@@ -162,6 +173,7 @@ def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None
     )
     def _stage(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
+        start_op(the_lake, landing=not stage.reads)
         reports = []
         for run in (stage, *parts):
             try:
@@ -209,6 +221,7 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     )
     def _wave(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
+        start_op(the_lake)
         chosen = [s for s in wave if any(by_key[k][0] is s for k in context.selected_asset_keys)]
         reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
                                                lambda r: context.log.info(r.line()))}

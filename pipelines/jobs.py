@@ -75,11 +75,7 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     If the Spark application stops under a stage (its JVM dies, or Spark stops its context, as
     an OutOfMemoryError does), the run ends with a RuntimeError naming the stage(s) it ran.
     """
-    from pipelines.operations.running import refuse_while_streaming
-
-    refuse_while_streaming(lake.home, "a run-once")
-    lake.home.create()
-    _reconcile_landing(lake)
+    start_run_once(lake)
     session = _session_maker(spark)
     reports = []
     for wave in waves(stages()):
@@ -200,6 +196,26 @@ def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable
             return make()
 
     return session_once
+
+
+def start_run_once(lake: Lake, *, landing: bool = True) -> None:
+    """What a run-once does before its stages, from `seclake run-once` or a Dagster op: refused
+    (RuntimeError, one line) while `seclake stream` runs on the home, the home made and, when the
+    run reads `landing`, a moved home's checkpoints rewritten and changed landing files named.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     start_run_once(Lake(Home.resolve(tmp)))
+    ...     (Home.resolve(tmp).landing).is_dir()
+    True
+    """
+    from pipelines.operations.running import refuse_while_streaming
+
+    refuse_while_streaming(lake.home, "a run-once")
+    lake.home.create()
+    if landing:
+        _reconcile_landing(lake)
 
 
 def _reconcile_landing(lake: Lake) -> None:

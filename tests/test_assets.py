@@ -237,6 +237,57 @@ def test_second_run_commits_nothing_new(sample_run):
     assert meta["silver/dns"]["summary"] == "etl: nothing new since its last batch (not started)"
 
 
+def test_a_copied_home_is_followed_and_a_changed_landing_file_named_by_the_etl_op(sample_run, tmp_path, caplog):
+    import shutil
+
+    from dagster import materialize
+
+    copy = tmp_path / "copy"
+    shutil.copytree(sample_run[0], copy)
+    etl = stages.stages()[0]
+
+    def etl_op_warnings() -> str:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="seclake"):
+            materialize([tables.stage_asset(etl, etl.writes)], resources=resources(copy),
+                        instance=DagsterInstance.ephemeral())
+        return " ".join(r.getMessage() for r in caplog.records if r.name == "seclake")
+
+    assert "this home was moved or copied here" in etl_op_warnings()
+    changed = next((copy / "landing" / "zeek").glob("dns*"))
+    with changed.open("a") as f:
+        f.write("appended after the ETL read it\n")
+    warnings = etl_op_warnings()
+    assert "1 landing file(s) changed after the ETL read them" in warnings and str(changed) in warnings
+    assert "moved or copied" not in warnings
+
+
+def test_dagster_ops_that_write_tables_refuse_while_a_stream_runs_on_the_home(tmp_path):
+    import os
+
+    from dagster import materialize
+
+    from assets.rules import rules_asset
+    from pipelines.operations.running import marker_path
+    from pipelines.rules.pack import load_rules
+
+    home = Home.resolve(tmp_path / "home").create()
+    marker_path(home).write_text(f"{os.getpid()}\n")  # this process stands for a live `seclake stream`
+    everything = stages.stages()
+    writers = stages.table_stages(everything)
+    enriched = next(wave for wave in stages.waves(everything) if wave[0].name.startswith("enriched"))
+    ops = [tables.stage_asset(everything[0], everything[0].writes),
+           tables.wave_asset(enriched, {s.name: stages.own_tables(s, writers) for s in enriched}),
+           rules_asset(load_rules(REPO / "rules")[:1])]
+    for op in ops:
+        result = materialize([op], resources=resources(home.root), instance=DagsterInstance.ephemeral(),
+                             raise_on_error=False)
+        failure = events(result, "STEP_FAILURE")[0].event_specific_data.error.message
+        assert f"a seclake stream (pid {os.getpid()}) is running on {home.root}" in failure, failure
+        assert not events(result, "STEP_UP_FOR_RETRY")
+    assert not (home.tables / "silver_dns").exists()
+
+
 # --- landing sensor ---------------------------------------------------------------------------
 
 def test_landing_sensor_requests_one_run_per_new_set_of_files(tmp_path):
