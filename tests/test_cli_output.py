@@ -138,16 +138,18 @@ def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_
     assert "0 new alert(s)" in again.stdout  # the same matches are never written twice
 
 
-def test_a_rule_that_names_a_missing_column_fails_its_backtest_in_one_line(home, run_once, tmp_path):
+def test_a_rule_that_calls_a_missing_function_fails_its_backtest_in_one_line(home, run_once, tmp_path):
+    # A misspelt column is refused by the validator (tests/test_rules_validation.py); a misspelt
+    # function only Spark's analysis finds.
     text = (REPO / "rules" / "dns" / "dns_tunneling.sql").read_text()
     head, body = text.split("*/", 1)
     (tmp_path / "rules" / "dns").mkdir(parents=True)
-    (tmp_path / "rules" / "dns" / "bad_column.sql").write_text(head + "*/" + body.replace("query", "qurey"))
-    run = seclake("rules", "backtest", "bad_column", "--rules", str(tmp_path / "rules"), "--home", str(home))
+    (tmp_path / "rules" / "dns" / "bad_function.sql").write_text(head + "*/" + body.replace("length(", "lenght("))
+    run = seclake("rules", "backtest", "bad_function", "--rules", str(tmp_path / "rules"), "--home", str(home))
     assert run.returncode == 2 and chatter(run) == [] and "Traceback" not in run.stderr, run.stderr[-3000:]
     last = run.stderr.splitlines()[-1]
-    assert last.startswith("seclake rules: rule bad_column fails on the tables: [UNRESOLVED_COLUMN"), last
-    assert "`qurey`" in last
+    assert last.startswith("seclake rules: rule bad_function fails on the tables: [UNRESOLVED_ROUTINE"), last
+    assert "`LENGHT`" in last  # as sqlglot regenerated the SQL
 
 
 def test_rules_status_refuses_a_folder_that_is_not_a_home(tmp_path):

@@ -457,3 +457,27 @@ def test_a_parse_error_names_the_line_of_the_rule_file():
     bad = text.splitlines().index("  count(* AS n FROM enriched_dns GROUP BY src_ip") + 1
     with pytest.raises(RuleError, match=f"does not parse at line {bad}, column "):
         validate_rule(text)
+
+
+@pytest.mark.parametrize("expression, reason", [
+    ("max(qurey)", "column 'qurey' at line {line}, column {col} is not a column of enriched_dns nor named in the "
+                   "query; did you mean 'query'?"),
+    ("max(MAC_ADDRESS)", "column 'MAC_ADDRESS' at line {line}, column {col} is not a column of enriched_dns"),
+], ids=["misspelt", "no close name"])
+def test_a_column_no_table_has_is_refused_at_its_line(expression, reason):
+    text = rule_text(with_column(expression))
+    line = len(text.splitlines())
+    col = text.splitlines()[-1].index(expression[4:-1]) + 1
+    with pytest.raises(RuleError, match=reason.format(line=line, col=col).replace("(", r"\(").replace(")", r"\)")
+                       .replace("?", r"\?")):
+        validate_rule(text)
+
+
+@pytest.mark.parametrize("expression", [
+    "max(QUERY)",  # Spark's names are case-insensitive
+    "aggregate(collect_list(query), 0, (acc, q) -> acc + length(q))",  # a lambda's arguments
+    "first(window.start)",  # the struct of GROUP BY window(...)
+    "max(enriched_dns.nonexistent)",  # qualified: a struct's field or a table's column, left to Spark
+], ids=["case", "lambda", "window", "qualified"])
+def test_names_the_query_makes_or_spark_resolves_are_not_refused(expression):
+    validate_rule(rule_text(with_column(expression)))

@@ -8,6 +8,7 @@ a second statement past the validator.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -191,6 +192,7 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
         raise RuleError(f"lookups {not_lookups} are not lookup tables; rules may look up: {', '.join(LOOKUP_TABLES)}")
     schemas = {**readable_tables(), **{t: table_schema(t) for t in lookups}}
     tables = check_query(tree, schemas, line_offset=line_offset)
+    _check_columns(tree, {t: schemas[t] for t in tables}, line_offset=line_offset)
     declared = tuple(meta["tables"])
     if set(declared) | set(lookups) != set(tables) or set(declared) & set(lookups):
         raise RuleError(f"metadata tables {sorted(declared)} and lookups {sorted(lookups)} differ from the tables the "
@@ -418,6 +420,33 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
                             "its current snapshot, not streamed)")
         raise RuleError(f"unknown table {name!r}; rules may read: {', '.join(sorted(schemas))}")
     return name
+
+
+def _check_columns(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -> None:
+    """RuleError naming the first bare column that no table the rule reads has and the query does
+    not name itself (an alias, a CTE, a lambda's argument, Spark's `window` of a GROUP BY window()).
+
+    Deliberately lenient, so that no rule Spark accepts is refused: a qualified `a.b` (a struct's
+    field or a table alias) is left to Spark, and so is a column that only another table read by
+    the query has. What it catches is the common slip, a misspelt column, before the rule runs.
+    """
+    known = {name.lower() for schema in schemas.values() for name in schema.fieldNames()} | {"window"}
+    for node in tree.walk():
+        if isinstance(node, (exp.Alias, exp.CTE, exp.TableAlias)):
+            known.add(node.alias_or_name.lower())
+            known.update(c.name.lower() for c in node.args.get("columns") or ())
+        elif isinstance(node, exp.Lambda):
+            known.update(arg.name.lower() for arg in node.expressions)
+    for column in tree.find_all(exp.Column):
+        if column.table or not isinstance(column.this, exp.Identifier) or column.name.lower() in known:
+            continue
+        line, end = column.this.meta.get("line"), column.this.meta.get("col")  # sqlglot: the token's last column
+        where = f" at line {line + line_offset}, column {end - len(column.name) + 1}" if line and end else ""
+        names = sorted({name for schema in schemas.values() for name in schema.fieldNames()})
+        close = difflib.get_close_matches(column.name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; their columns: {', '.join(names)}"
+        raise RuleError(f"column {column.name!r}{where} is not a column of {', '.join(sorted(schemas))} "
+                        f"nor named in the query{hint}")
 
 
 def _check_window(tree: exp.Expression, meta: dict) -> None:
