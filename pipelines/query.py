@@ -372,11 +372,15 @@ class QueryReport:
         'enriched_dns: 2 batches, 1,942 rows in -> nothing new in 7.0s'
         >>> QueryReport("enriched_dns", skipped=True).line()
         'enriched_dns: nothing new since its last batch (not started)'
+        >>> QueryReport("rule_x", error="[UNRESOLVED_ROUTINE] ...", duration_s=1).line()
+        'rule_x: FAILED in 1.0s: [UNRESOLVED_ROUTINE] ...'
         """
         if self.skipped:
             return f"{self.name}: nothing new since its last batch (not started)"
         if self.note and not self.error:
             return f"{self.name}: {self.note}"
+        if self.error and not self.batches:
+            return f"{self.name}: FAILED in {self.duration_s:.1f}s: {self.error}"
         notes = self.notes()
         return (f"{self.name}: {_plural(self.batches, 'batch', 'batches')}, {self.input()} in -> {self.output()} "
                 f"in {self.duration_s:.1f}s{', ' + notes if notes else ''}")
@@ -388,8 +392,10 @@ class QueryReport:
         return _plural(self.rows_in, "row", "rows")
 
     def output(self) -> str:
-        """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing new'."""
-        return ", ".join(f"{t}={n:,}" for t, n in self.rows_out.items() if n) or "nothing new"
+        """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing new' ('nothing'
+        when the query failed: there may have been something new)."""
+        return ", ".join(f"{t}={n:,}" for t, n in self.rows_out.items() if n) or ("nothing" if self.error else
+                                                                                 "nothing new")
 
     def notes(self) -> str:
         """Watermark, state, late rows and failure, as far as there are any."""

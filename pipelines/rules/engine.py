@@ -422,10 +422,11 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         # Missing input tables are normal until the upstream stages first commit; sync() retries
         # every few seconds, so that case is not an error (the stream reports it once).
         marker.unlink(missing_ok=True)
-        if isinstance(exc, MissingInputError):
-            log.info("rule %s did not start: %s", rule.slug, _first_line(exc))
-        else:
-            log.error("rule %s did not start: %s", rule.slug, _first_line(exc))
+        # Run-once's report of the rule says it (its progress line and table): logged only in a stream,
+        # whose reports come every minute.
+        (log.info if once or isinstance(exc, MissingInputError) else log.error)(
+            "rule %s did not start: %s", rule.slug, _first_line(exc))
+        if not isinstance(exc, MissingInputError):
             record_failure(status, settings, rule, f"did not start: {error_summary(exc)}")
         if writer is not None:
             writer.close()
