@@ -201,9 +201,15 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
     checkpoint = lake.home.checkpoint(rule.checkpoint_name)
     app_id = claim_checkpoint(checkpoint, rule)
     assert claim_checkpoint(checkpoint, rule) == app_id and app_id.startswith(f"rule:{rule.id}:v{rule.version}:")
+    # An edit under the same version takes a checkpoint that never planned a batch (the first
+    # text failed to start: nothing was written under its app id) ...
     edited = validate_rule(DGA.read_text().replace("domains >= 20", "domains >= 25"), slug=rule.slug)
+    assert claim_checkpoint(checkpoint, edited) == app_id
+    # ... and is refused once a batch was planned: its alerts came from the other text.
+    (checkpoint / "offsets").mkdir()
+    (checkpoint / "offsets" / "0").write_text("v1\n")
     with pytest.raises(RuleError, match="bump `version`"):
-        claim_checkpoint(checkpoint, edited)
+        claim_checkpoint(checkpoint, rule)
 
 
 def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_path, lake):

@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.attribution import held_to_attribution
+from pipelines.checkpoint import newest
 from pipelines.end_of_input import END_OF_INPUT, read_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
@@ -343,18 +344,21 @@ def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
 
     The app_id names the checkpoint's incarnation too: after a checkpoint is deleted (a
     re-run from scratch) batch ids restart at 0 and must not be taken for already-committed
-    ones. A checkpoint made by different SQL under the same version is refused.
+    ones. A checkpoint made by different SQL under the same version is refused, unless it never
+    planned a batch: an edit that failed to start (a misspelt function) and its fix share the version.
     """
     marker = checkpoint / CHECKPOINT_MARKER
+    app_id = f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"
     if marker.is_file():
         info = json.loads(marker.read_text())
-        if info.get("logic_hash") != rule.logic_hash:
+        if info.get("logic_hash") == rule.logic_hash:
+            return info["app_id"]
+        if newest(checkpoint) is not None:
             raise RuleError(f"rule {rule.slug} v{rule.version}: its SQL, window or keys changed since "
                             f"{checkpoint} was made; bump `version` (a new version gets a new checkpoint)")
-        return info["app_id"]
+        app_id = info["app_id"]  # nothing was ever written under it
     checkpoint.mkdir(parents=True, exist_ok=True)
-    info = {"rule_id": rule.id, "version": rule.version, "logic_hash": rule.logic_hash,
-            "app_id": f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"}
+    info = {"rule_id": rule.id, "version": rule.version, "logic_hash": rule.logic_hash, "app_id": app_id}
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1))
     tmp.replace(marker)
