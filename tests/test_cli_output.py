@@ -115,6 +115,18 @@ def test_sql_prints_the_result_and_nothing_else(home, run_once):
     assert int(lines[2].replace(",", "")) > 0
 
 
+def test_history_of_alerts_names_the_rule_of_each_commit(home, run_once):
+    import csv
+    import io
+
+    run = seclake("history", "alerts", "--home", str(home), "--format", "csv")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    rows = list(csv.DictReader(io.StringIO(run.stdout)))
+    slugs = {p.stem for p in (REPO / "rules").rglob("*.sql")}
+    by_rules = [r for r in rows if r["app_id"].startswith("rule:")]
+    assert by_rules and all(r["rule"] in slugs for r in by_rules), rows
+
+
 def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_once, tmp_path):
     from deltalake import DeltaTable
 

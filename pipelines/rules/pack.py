@@ -91,3 +91,9 @@ def load_rules(rules_dir: str | os.PathLike | None = None,
         if on_error:
             on_error(path, reason)
     return pack.rules
+
+
+def rule_names(rules_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """Rule id -> file name for the pack in `rules_dir` (default `default_rules_dir()`): listings
+    show names, and an id missing here (a rule since removed, a platform alert) as itself."""
+    return {rule.id: rule.slug for rule in scan_rules(rules_dir or default_rules_dir()).rules}

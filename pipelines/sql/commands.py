@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipelines.sql.database import Database, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
 from pipelines.sql.shell import Shell, readline_input
 from pipelines.sql.statements import parse_as_of, split_statements
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_LIMIT = 100
 
@@ -54,8 +58,28 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     _check_output_args(args)
     frame = connect(args.home).history(args.table, limit=args.limit or None)
-    write_pandas(frame, args.format, sys.stdout)
+    write_pandas(with_rule_names(frame), args.format, sys.stdout)
     return 0
+
+
+def with_rule_names(history: pd.DataFrame) -> pd.DataFrame:
+    """`history` with a `rule` column after `app_id` naming the rule file of each commit a rule
+    wrote (app id `rule:<rule id>:v<version>:<checkpoint tag>`), when one did.
+
+    >>> import pandas as pd
+    >>> with_rule_names(pd.DataFrame({"app_id": ["silver_dns"]})).columns.tolist()
+    ['app_id']
+    """
+    from pipelines.rules.pack import rule_names
+
+    ids = history["app_id"].str.extract(r"^rule:([0-9a-f-]{36}):", expand=False)
+    if ids.isna().all():
+        return history
+    names = rule_names()
+    out = history.copy()
+    out.insert(int(out.columns.get_loc("app_id")) + 1, "rule",
+               ids.map(lambda i: names.get(i, i) if isinstance(i, str) else ""))
+    return out
 
 
 def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.ArgumentParser], None]) -> None:

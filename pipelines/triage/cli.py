@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
-from pipelines.rules.pack import scan_rules
+from pipelines.rules.pack import rule_names
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
@@ -121,12 +121,6 @@ def rule_id(name: str, rules_dir: Path) -> str:
     if name.startswith(PLATFORM_RULE_PREFIX):
         return name
     return find_rule(name, rules_dir).id
-
-
-def rule_names(rules_dir: Path) -> dict[str, str]:
-    """Rule id -> file name for the pack in `rules_dir`: listings show names, and an id missing
-    here (a rule since removed, a platform alert) as itself."""
-    return {rule.id: rule.slug for rule in scan_rules(rules_dir).rules}
 
 
 def _utc_time(text: str | None, flag: str) -> datetime | None:
