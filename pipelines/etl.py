@@ -399,16 +399,46 @@ def _session(spark: SparkSession, trigger: dict) -> SparkSession:
 def check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
     """ValueError in one line when no Kafka broker answers at `bootstrap` within `timeout_s`.
 
-    Spark's Kafka source would otherwise retry quietly for minutes before failing.
+    Spark's Kafka source would otherwise retry quietly for minutes before failing. A refused
+    connection to every bootstrap address is said at once (the Kafka client retries it until
+    `timeout_s`).
+
+    >>> check_reachable("127.0.0.1:1")
+    Traceback (most recent call last):
+    ...
+    ValueError: no Kafka broker answers at 127.0.0.1:1 (SECLAKE_KAFKA): 127.0.0.1:1: connection refused
     """
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    refused = _refused(bootstrap, timeout_s)
+    if refused:
+        raise ValueError(f"no Kafka broker answers at {bootstrap} (SECLAKE_KAFKA): {refused}")
     try:
         config: dict = {"bootstrap.servers": bootstrap, "logger": _quiet_logger()}
         AdminClient(config).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise ValueError(f"no Kafka broker answers at {bootstrap} (SECLAKE_KAFKA): {exc.args[0].str()}") from None
+
+
+def _refused(bootstrap: str, timeout_s: float) -> str | None:
+    """Why no bootstrap address accepts a TCP connection ('host:port: connection refused; ...'), or
+    None when one does, or when an address does not parse or times out (the client then decides)."""
+    import socket
+
+    reasons = []
+    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            return None
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return None
+        except ConnectionRefusedError:
+            reasons.append(f"{address}: connection refused")
+        except OSError:
+            return None
+    return "; ".join(reasons) or None
 
 
 def _quiet_logger() -> logging.Logger:
