@@ -19,10 +19,9 @@ def _home_arg(parser: argparse.ArgumentParser) -> None:
                              "(default: $SECLAKE_HOME or ./seclake-home)")
 
 
-def _settings_arg(parser: argparse.ArgumentParser) -> None:
+def _settings_arg(parser: argparse.ArgumentParser, example: str = "trigger_interval='5 seconds'") -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a stream setting, e.g. --set trigger_interval='5 seconds' "
-                             "(see pipelines/settings.py)")
+                        help=f"override a setting, e.g. --set {example} (see pipelines/settings.py)")
 
 
 def _settings(args: argparse.Namespace):

@@ -4,14 +4,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-SettingsArgs = Callable[[argparse.ArgumentParser], None]
+HomeArg = Callable[[argparse.ArgumentParser], None]
+SettingsArg = Callable[[argparse.ArgumentParser, str], None]  # the parser, an example assignment
 
 
-def add_commands(sub: argparse._SubParsersAction, home_arg: SettingsArgs, settings_arg: SettingsArgs) -> None:
+def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg, settings_arg: SettingsArg) -> None:
     """Add `rollback`, `maintain` and `retention` to the `seclake` command line.
 
     >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
-    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p: p.add_argument("--set", dest="overrides"))
+    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p, _: p.add_argument("--set", dest="overrides"))
     >>> parser.parse_args(["rollback", "silver_dns", "--to-version", "3", "--cascade"]).to_version
     3
     """
@@ -28,14 +29,14 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: SettingsArgs, settin
     maintain = sub.add_parser("maintain", help="OPTIMIZE, VACUUM and checkpoint the log of every table")
     maintain.add_argument("--dry-run", action="store_true", help="print files and sizes, change nothing")
     home_arg(maintain)
-    settings_arg(maintain)
+    settings_arg(maintain, "vacuum_retention_hours=336")
     maintain.set_defaults(func=cmd_maintain)
 
     retention = sub.add_parser("retention", help="delete rows and processed landing files older than each "
                                                  "layer's retention (pipelines/settings.py)")
     retention.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
     home_arg(retention)
-    settings_arg(retention)
+    settings_arg(retention, "retention_bronze_days=90")
     retention.set_defaults(func=cmd_retention)
 
 
