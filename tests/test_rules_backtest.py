@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def test_rules_list_and_validate_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ok      " in out and "INVALID " in out and "bad.sql: unknown metadata field" not in out
     assert "bad.sql: metadata field(s)" in out
+    # A file validated alone is also checked against the pack it joins: a copy that kept its id.
+    shutil.copy(RULES / "dns" / "dns_tunneling.sql", tmp_path / "my_tunnel.sql")
+    assert run_cli("rules", "validate", str(tmp_path / "my_tunnel.sql"), "--rules", str(RULES)) == 1
+    out = capsys.readouterr().out
+    assert f"INVALID {tmp_path / 'my_tunnel.sql'}: duplicate id " in out and "dns_tunneling.sql: give this rule" in out
 
 
 def test_report_prints_aligned_tables():

@@ -212,6 +212,31 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
         claim_checkpoint(checkpoint, rule)
 
 
+def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdict_ends(spark, tmp_path, lake):
+    import os
+
+    from pipelines.rules.status import rule_status
+
+    folder = tmp_path / "rules" / "dns"
+    folder.mkdir(parents=True)
+    shutil.copy(DGA, folder / DGA.name)
+    copy = folder / "a_copy.sql"  # first in path order, made later: the newcomer
+    shutil.copy(DGA, copy)
+    os.utime(copy, (time.time() + 60, time.time() + 60))
+    stages = {s.name: s.start for s in rule_stages(tmp_path / "rules")}
+    refused = stages["rule_a_copy"](spark, lake, Settings(), AVAILABLE_NOW)
+    assert "duplicate id" in str(refused.query.exception()) and DGA.name in str(refused.query.exception())
+    # The deployed rule once judged invalid by such a pack (older seclake kept the copy) runs again
+    # once it validates, instead of being held back until its file changes.
+    rule = validate_rule(DGA)
+    status = rule_status(spark, lake)
+    status.put(status.get(rule.slug, rule.content_hash).invalid("duplicate id (also in a_copy.sql)"))
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    [ran] = run_all(spark, lake, [rule])
+    assert ran.error is None and ran.note is None and ran.batches >= 1, ran.line()
+    assert rule_status(spark, lake).get(rule.slug, rule.content_hash).state == "ok"
+
+
 def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_path, lake):
     folder = tmp_path / "rules" / "dns"
     folder.mkdir(parents=True)

@@ -392,21 +392,29 @@ def test_a_bad_file_name_is_rejected(tmp_path):
         validate_rule(path)
 
 
-def test_the_pack_rejects_duplicate_ids_and_file_names_but_keeps_the_first(tmp_path):
+def test_the_pack_rejects_duplicate_ids_and_file_names_but_keeps_the_oldest(tmp_path):
+    import os
+
     (tmp_path / "dns").mkdir()
     (tmp_path / "conn").mkdir()
     other_id = "99999999-2222-4333-8444-555555555555"
-    (tmp_path / "conn" / "first.sql").write_text(rule_text(id=other_id))
-    (tmp_path / "dns" / "first.sql").write_text(rule_text())      # a second file named `first`
-    (tmp_path / "dns" / "second.sql").write_text(rule_text())
-    (tmp_path / "dns" / "third.sql").write_text(rule_text())      # the id of `second`
-    (tmp_path / "dns" / "broken.sql").write_text("SELECT 1")
+    files = [("conn/first.sql", rule_text(id=other_id)),
+             ("dns/first.sql", rule_text()),       # a second file named `first`
+             ("dns/second.sql", rule_text()),
+             ("dns/third.sql", rule_text()),       # the id of `second`
+             ("dns/broken.sql", "SELECT 1"),
+             ("dns/a_copy.sql", rule_text())]      # a copy of `second`, first in path order, made last
+    for age, (name, text) in enumerate(files):
+        (tmp_path / name).write_text(text)
+        os.utime(tmp_path / name, (1.7e9 + age, 1.7e9 + age))
     errors: list[str] = []
     rules = load_rules(tmp_path, on_error=lambda path, reason: errors.append(reason))
     assert [r.path for r in rules] == [tmp_path / "conn" / "first.sql", tmp_path / "dns" / "second.sql"]
-    assert len(errors) == 3
-    assert any("dns/first.sql: duplicate rule file name 'first'" in e for e in errors)
-    assert any("third.sql: duplicate id 11111111-2222-4333-8444-555555555555" in e for e in errors)
+    assert len(errors) == 4
+    assert any("dns/first.sql: duplicate rule file name 'first' (the older " in e for e in errors)
+    duplicate = f"duplicate id 11111111-2222-4333-8444-555555555555, the id of the older {tmp_path / 'dns/second.sql'}"
+    assert any(f"third.sql: {duplicate}: give this rule an id of its own" in e for e in errors), errors
+    assert any(f"a_copy.sql: {duplicate}" in e for e in errors), errors
     assert any("broken.sql: the file must open with the metadata block" in e for e in errors)
 
 

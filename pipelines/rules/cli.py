@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.rules.pack import default_rules_dir, scan_rules
+from pipelines.rules.pack import RulePack, default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 
 
@@ -125,15 +125,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for reason in pack.errors.values():
             print(f"INVALID {reason}")
         bad += len(pack.errors)
+    joins = scan_rules(rules_folder(args)) if files else None
     for path in files:
         try:
             rule = validate_rule(path)
+            _check_against(rule, joins)
             print(f"ok      {path} ({rule.slug} v{rule.version}, {rule.severity})")
         except RuleError as exc:
             print(f"INVALID {exc}")
             bad += 1
     print(f"{bad} invalid" if bad else "all valid", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _check_against(rule: Rule, pack: RulePack | None) -> None:
+    """RuleError when `rule` (a file validated alone) would be refused by the pack it joins: its
+    file is one of the pack's invalid ones, or another file of the pack has its id or name."""
+    if pack is None or rule.path is None:
+        return
+    here = rule.path.resolve()
+    for path, reason in pack.errors.items():
+        if path.resolve() == here:
+            raise RuleError(reason)
+    for other in pack.rules:
+        if other.path is not None and other.path.resolve() != here and rule.id == other.id:
+            raise RuleError(f"{rule.path}: duplicate id {rule.id}, the id of {other.path}: give this rule an id "
+                            "of its own (python -c 'import uuid; print(uuid.uuid4())')")
+        if other.path is not None and other.path.resolve() != here and rule.slug == other.slug:
+            raise RuleError(f"{rule.path}: duplicate rule file name {rule.slug!r} ({other.path}): rename this file")
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -240,9 +259,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     pack = scan_rules(rules_folder(args))
     status = _rule_status(args)
-    deployed = {r.slug: r.content_hash for r in pack.rules}
-    deployed.update({path.stem: file_hash(path) for path in pack.errors})
+    valid = {r.slug: r.content_hash for r in pack.rules}
+    deployed = {**valid, **{path.stem: file_hash(path) for path in pack.errors}}
     healths = [status.get(slug, content_hash) for slug, content_hash in sorted(deployed.items())]
+    healths = [h.validated() if h.rule in valid else h for h in healths]
     for health in healths:
         slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""

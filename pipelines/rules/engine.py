@@ -384,7 +384,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             if once and marker.read_text() == "once":
                 record_failure(status, settings, rule, DIED)
             marker.unlink()
-        health = status.get(rule.slug, rule.content_hash)
+        health = status.put(status.get(rule.slug, rule.content_hash).validated())
         if not health.may_start(utc_now()):
             return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health)),
                                 IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))

@@ -91,6 +91,15 @@ class RuleHealth:
         """Re-enabled by hand (`seclake rules enable`): ok, nothing counted."""
         return RuleHealth.fresh(self.rule, self.content_hash)
 
+    def validated(self) -> RuleHealth:
+        """For a file that validates now: an `invalid` verdict, which may have come from the rest of
+        the pack (an id another file had, since removed), is cleared; any other state is kept.
+
+        >>> RuleHealth("r", "a", INVALID, 0, "duplicate id").validated().state
+        'ok'
+        """
+        return RuleHealth.fresh(self.rule, self.content_hash) if self.state == INVALID else self
+
     def invalid(self, reason: str) -> RuleHealth:
         """The file does not validate: it cannot run until it changes."""
         return replace(self, state=INVALID, failures=0, reason=reason, retry_at=None)

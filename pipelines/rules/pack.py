@@ -45,7 +45,8 @@ def rule_files(rules_dir: str | os.PathLike) -> list[Path]:
 
 def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
     """Validate every rule file under `rules_dir`; duplicates of an id or a file name are
-    errors of every file but the first (in path order).
+    errors of every file but the oldest (by modification time, then path): a rule copied to
+    start a new one, its id not yet changed, is the one refused, not the deployed rule.
 
     >>> pack = scan_rules(RULES_DIR)
     >>> "dga_nxdomain_burst" in [r.slug for r in pack.rules], pack.errors
@@ -54,23 +55,32 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
     pack = RulePack()
     ids: dict[str, Path] = {}
     slugs: dict[str, Path] = {}
-    for path in rule_files(rules_dir):
+    for path in sorted(rule_files(rules_dir), key=lambda p: (_modified(p), p)):
         try:
             rule = validate_rule(path)
         except RuleError as exc:
             pack.errors[path] = str(exc)
             continue
         if rule.id in ids:
-            pack.errors[path] = f"{path}: duplicate id {rule.id} (also in {ids[rule.id]})"
+            pack.errors[path] = (f"{path}: duplicate id {rule.id}, the id of the older {ids[rule.id]}: "
+                                 "give this rule an id of its own (python -c 'import uuid; print(uuid.uuid4())')")
             continue
         if rule.slug in slugs:
-            pack.errors[path] = f"{path}: duplicate rule file name {rule.slug!r} (also {slugs[rule.slug]})"
+            pack.errors[path] = (f"{path}: duplicate rule file name {rule.slug!r} (the older {slugs[rule.slug]} "
+                                 "keeps it): rename this file")
             continue
         ids[rule.id] = path
         slugs[rule.slug] = path
         pack.rules.append(rule)
     pack.rules.sort(key=lambda r: r.slug)
     return pack
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile: validate_rule says so
+        return 0.0
 
 
 def load_rules(rules_dir: str | os.PathLike | None = None,
