@@ -237,6 +237,24 @@ def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdic
     assert rule_status(spark, lake).get(rule.slug, rule.content_hash).state == "ok"
 
 
+def test_a_rule_edited_under_its_version_is_invalid_at_once_not_idle_and_not_failing(spark, lake):
+    from pipelines.rules.engine import rule_stage
+    from pipelines.rules.status import rule_status
+
+    rule = validate_rule(DGA)
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    [ran] = run_all(spark, lake, [rule])
+    assert ran.error is None and ran.batches >= 1, ran.line()
+    edited = validate_rule(DGA.read_text().replace("domains >= 20", "domains >= 25"), slug=rule.slug)
+    # With no new input the rule as it was is idle; the edited one is not: its start says why.
+    assert rule_stage(rule).idle(lake) and not rule_stage(edited).idle(lake)
+    for _ in range(4):  # more than max_failures: an edit is not a run-time failure and never disables
+        refused = start_rule(spark, lake, Settings(), AVAILABLE_NOW, edited)
+        assert isinstance(refused.query, StoppedQuery) and "bump `version`" in str(refused.query.exception())
+    health = rule_status(spark, lake).get(edited.slug, edited.content_hash)
+    assert (health.state, health.failures) == ("invalid", 0) and "bump `version`" in (health.reason or "")
+
+
 def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_path, lake):
     folder = tmp_path / "rules" / "dns"
     folder.mkdir(parents=True)

@@ -254,15 +254,19 @@ def _rule_status(args: argparse.Namespace):
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipelines.rules.engine import file_hash
+    from pipelines.rules.engine import file_hash, logic_changed
     from pipelines.rules.health import DISABLED, INVALID
 
     pack = scan_rules(rules_folder(args))
     status = _rule_status(args)
-    valid = {r.slug: r.content_hash for r in pack.rules}
-    deployed = {**valid, **{path.stem: file_hash(path) for path in pack.errors}}
+    valid = pack.by_slug()
+    deployed = {**{r.slug: r.content_hash for r in pack.rules}, **{path.stem: file_hash(path) for path in pack.errors}}
     healths = [status.get(slug, content_hash) for slug, content_hash in sorted(deployed.items())]
-    healths = [h.validated() if h.rule in valid else h for h in healths]
+    for i, health in enumerate(healths):
+        if health.rule in valid:
+            rule = valid[health.rule]
+            changed = logic_changed(status.lake.home.checkpoint(rule.checkpoint_name), rule)
+            healths[i] = health.invalid(changed) if changed else health.validated()
     for health in healths:
         slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""

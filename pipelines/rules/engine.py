@@ -40,7 +40,7 @@ from pipelines.checkpoint import newest
 from pipelines.end_of_input import END_OF_INPUT, read_marks
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
-from pipelines.lake.source import check_resumable, read_stream
+from pipelines.lake.source import caught_up, check_resumable, read_stream
 from pipelines.query import (
     BatchStats,
     RunningQuery,
@@ -339,26 +339,38 @@ def rule_session(spark: SparkSession, stream: Settings | None = None) -> SparkSe
     return session
 
 
+def logic_changed(checkpoint: Path, rule: Rule) -> str | None:
+    """Why `rule` may not take its version's checkpoint (None when it may): the checkpoint was made
+    by other SQL, window or keys under the same version and planned a batch with them. Told from
+    files (no JVM): `rules status`, run-once's look for work, and the rule's start ask it.
+    """
+    marker = checkpoint / CHECKPOINT_MARKER
+    if not marker.is_file() or json.loads(marker.read_text()).get("logic_hash") == rule.logic_hash:
+        return None
+    if newest(checkpoint) is None:
+        return None  # nothing was written under it: an edit that failed to start and its fix share the version
+    return (f"rule {rule.slug} v{rule.version}: its SQL, window or keys changed since {checkpoint} was made; "
+            "bump `version` (a new version gets a new checkpoint)")
+
+
 def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
     """The DeltaSink app_id of this rule version's checkpoint, created with it.
 
     The app_id names the checkpoint's incarnation too: after a checkpoint is deleted (a
     re-run from scratch) batch ids restart at 0 and must not be taken for already-committed
-    ones. A checkpoint made by different SQL under the same version is refused, unless it never
-    planned a batch: an edit that failed to start (a misspelt function) and its fix share the version.
+    ones. A checkpoint made by different SQL under the same version is refused (`logic_changed`),
+    unless it never planned a batch: the corrected text then takes it.
     """
+    reason = logic_changed(checkpoint, rule)
+    if reason:
+        raise RuleError(reason)
     marker = checkpoint / CHECKPOINT_MARKER
-    app_id = f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"
-    if marker.is_file():
-        info = json.loads(marker.read_text())
-        if info.get("logic_hash") == rule.logic_hash:
-            return info["app_id"]
-        if newest(checkpoint) is not None:
-            raise RuleError(f"rule {rule.slug} v{rule.version}: its SQL, window or keys changed since "
-                            f"{checkpoint} was made; bump `version` (a new version gets a new checkpoint)")
-        app_id = info["app_id"]  # nothing was ever written under it
+    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    if info.get("logic_hash") == rule.logic_hash:
+        return info["app_id"]
     checkpoint.mkdir(parents=True, exist_ok=True)
-    info = {"rule_id": rule.id, "version": rule.version, "logic_hash": rule.logic_hash, "app_id": app_id}
+    info = {"rule_id": rule.id, "version": rule.version, "logic_hash": rule.logic_hash,
+            "app_id": info.get("app_id") or f"rule:{rule.id}:v{rule.version}:{uuid.uuid4().hex[:8]}"}
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1))
     tmp.replace(marker)
@@ -384,6 +396,14 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             if once and marker.read_text() == "once":
                 record_failure(status, settings, rule, DIED)
             marker.unlink()
+        changed = logic_changed(checkpoint, rule)
+        if changed:
+            # The file must change (a new version) before the rule can run: invalid, not a failure
+            # that counts towards disabling it.
+            status.put(status.get(rule.slug, rule.content_hash).invalid(changed))
+            if not once:
+                log.error("rule %s did not start: %s", rule.slug, changed)
+            return invalid_rule(rule.query_name, changed, rule.content_hash)
         health = status.put(status.get(rule.slug, rule.content_hash).validated())
         if not health.may_start(utc_now()):
             return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health)),
@@ -549,7 +569,17 @@ def rule_stage(rule: Rule) -> Stage:
     """The stage of one valid rule: it reads the rule's tables and the end-of-input marks (so it
     runs after `end_of_input`), appends to `alerts`, and keeps a checkpoint per rule version."""
     return Stage(rule.query_name, reads=(*rule.tables, END_OF_INPUT), writes=(ALERTS_TABLE,),
-                 start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name)
+                 start=functools.partial(start_rule, rule=rule), checkpoint=rule.checkpoint_name,
+                 idle=functools.partial(_rule_idle, rule))
+
+
+def _rule_idle(rule: Rule, lake: Lake) -> bool:
+    """A rule stage has nothing to do when its checkpoint read every commit of its tables, unless
+    its text changed under its version: then its start says so at once, not at the next input."""
+    checkpoint = lake.home.checkpoint(rule.checkpoint_name)
+    if logic_changed(checkpoint, rule):
+        return False
+    return caught_up(checkpoint, [lake.path(t) for t in (*rule.tables, END_OF_INPUT) if lake.exists(t)])
 
 
 def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
