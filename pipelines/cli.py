@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -36,6 +37,15 @@ def _lake(args: argparse.Namespace):
     return Lake(Home.resolve(args.home).create())
 
 
+def _use_rules(args: argparse.Namespace) -> None:
+    """`--rules DIR` as `$SECLAKE_RULES` for this process and those it starts (the stream's rules
+    application): every stage list and rule lookup reads the pack from there."""
+    if args.rules is not None:
+        if not args.rules.is_dir():
+            raise ValueError(f"--rules {args.rules}: no such folder")
+        os.environ["SECLAKE_RULES"] = str(args.rules.resolve())
+
+
 def cmd_run_once(args: argparse.Namespace) -> int:
     from pipelines.jobs import run_once
     from pipelines.query import REPORT_COLUMNS
@@ -43,6 +53,7 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     from pipelines.stages import stages
     from pipelines.terminal import Progress, print_table
 
+    _use_rules(args)
     names = [s.name for s in stages()]
     unknown = [name for name in args.only or () if name not in names]
     if unknown:
@@ -72,6 +83,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.spark import get_spark
     from pipelines.terminal import print_table
 
+    _use_rules(args)
     lake = _lake(args)
     child = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the rules application, which its parent stops
     spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream", ignore_ctrl_c=child)
@@ -100,6 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pipelines.rules.cli import rules_dir_arg
+
     parser = argparse.ArgumentParser(prog="seclake", description="Security-log lakehouse on Spark and Delta")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress of every micro-batch")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -123,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_once.add_argument("--only", action="append", metavar="STAGE",
                           help="run only this stage (repeatable), named as run-once's table names it "
                                "(etl, enriched_dns, rule_dns_tunneling, ...)")
+    rules_dir_arg(run_once)
     run_once.set_defaults(func=cmd_run_once)
 
     stream = sub.add_parser("stream", help="run every query continuously until Ctrl-C/SIGTERM")
@@ -132,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--only", choices=("tables", "rules"), default=None,
                         help="run one part in this process: the ETL and attribution, or the rules (by default "
                              "the rules run in a Spark application of their own that this command starts)")
+    rules_dir_arg(stream)
     stream.set_defaults(func=cmd_stream)
 
     from pipelines.sql.commands import add_commands as add_sql_commands

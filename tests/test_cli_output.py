@@ -3,7 +3,6 @@ piped): seclake's own lines only, no JVM, log4j, Spark or Python-worker chatter,
 (no escape codes: the output is not a terminal)."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -37,9 +36,9 @@ CHATTER = re.compile("|".join([
 ]))
 
 
-def seclake(*args: str, timeout: int = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def seclake(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          text=True, timeout=timeout)
 
 
 def chatter(run: subprocess.CompletedProcess) -> list[str]:
@@ -164,8 +163,7 @@ def test_a_rule_that_calls_a_missing_function_fails_its_backtest_in_one_line(hom
     assert last.startswith("seclake rules: rule bad_function fails on the tables: [UNRESOLVED_ROUTINE"), last
     assert "`LENGHT`" in last  # as sqlglot regenerated the SQL
     # Run once, the failure is said in the rule's progress line and in the table, nowhere else.
-    once = seclake("run-once", "--home", str(home), "--only", "rule_bad_function",
-                   env={"SECLAKE_RULES": str(tmp_path / "rules")})
+    once = seclake("run-once", "--home", str(home), "--only", "rule_bad_function", "--rules", str(tmp_path / "rules"))
     assert once.returncode == 1 and chatter(once) == [], once.stderr[-3000:]
     assert "rule_bad_function: FAILED in " in once.stderr, once.stderr
     assert (once.stdout + once.stderr).count("UNRESOLVED_ROUTINE") == 2, once.stdout + once.stderr
