@@ -489,3 +489,11 @@ def test_a_column_no_table_has_is_refused_at_its_line(expression, reason):
 ], ids=["case", "lambda", "window", "qualified"])
 def test_names_the_query_makes_or_spark_resolves_are_not_refused(expression):
     validate_rule(rule_text(with_column(expression)))
+
+
+def test_a_yaml_error_in_the_metadata_names_the_line_of_the_rule_file():
+    text = rule_text(mitre="[T1046, T1071")  # the list is not closed
+    bad = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("description:"))
+    with pytest.raises(RuleError, match=rf"not valid YAML: expected ',' or '\]', but got ':' at line {bad}, column 12 "
+                                        r"\(while parsing a flow sequence from line \d+, column 8\)"):
+        validate_rule(text)

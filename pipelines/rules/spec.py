@@ -251,6 +251,27 @@ def _realtime_sql(tree: exp.Expression, meta: dict, keys: tuple[str, ...]) -> st
     return query.sql(dialect="spark", comments=False)
 
 
+def yaml_problem(exc: yaml.YAMLError, line_offset: int = 0) -> str:
+    """PyYAML's error as one line with the file's line and column (`line_offset`: lines above the
+    YAML text in its file), and its context when it has one.
+
+    >>> try:
+    ...     yaml.safe_load("a: [1, 2\\nb: 3")
+    ... except yaml.YAMLError as exc:
+    ...     print(yaml_problem(exc, 10))
+    expected ',' or ']', but got ':' at line 12, column 2 (while parsing a flow sequence from line 11, column 4)
+    """
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return str(exc).splitlines()[0]
+    mark = exc.problem_mark
+    text = f"{exc.problem} at line {mark.line + 1 + line_offset}, column {mark.column + 1}"
+    if exc.context:
+        where = exc.context_mark
+        text += f" ({exc.context}" + (f" from line {where.line + 1 + line_offset}, column {where.column + 1})"
+                                      if where is not None else ")")
+    return text
+
+
 def split_metadata(text: str) -> tuple[dict, str]:
     """Split rule text into its metadata (the YAML inside the leading `/* ... */`) and its SQL.
 
@@ -266,7 +287,8 @@ def split_metadata(text: str) -> tuple[dict, str]:
     try:
         meta = yaml.safe_load(stripped[2:end])
     except yaml.YAMLError as exc:
-        raise RuleError(f"the metadata block is not valid YAML: {str(exc).splitlines()[0]}") from None
+        before = text[:len(text) - len(stripped)].count("\n")  # blank lines above the block
+        raise RuleError(f"the metadata block is not valid YAML: {yaml_problem(exc, before)}") from None
     if not isinstance(meta, dict):
         raise RuleError("the metadata block must be a YAML mapping (key: value lines)")
     return meta, stripped[end + 2:]

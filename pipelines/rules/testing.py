@@ -38,7 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, DateType, StructType, TimestampType
 
 from pipelines.rules.backtest import collect_alerts, run_batch
-from pipelines.rules.spec import Rule, RuleError
+from pipelines.rules.spec import Rule, RuleError, yaml_problem
 from pipelines.rules.tables import table_schema
 from pipelines.schemas import ALERTS_SCHEMA
 from pipelines.settings import interval_seconds
@@ -78,7 +78,7 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RuleError(f"{label}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise RuleError(f"{label}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or not doc["cases"]:
         raise RuleError(f"{label}: expected a mapping with a non-empty `cases:` list")
     unknown = sorted(set(doc) - {"cases", "defaults"})
