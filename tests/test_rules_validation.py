@@ -350,7 +350,9 @@ BAD_METADATA: list[tuple[str, str, str]] = [
     ("bad_watermark", rule_text(watermark="soon"), "watermark: 'soon' is not an interval"),
     ("event_time_not_a_column", rule_text(event_time="ts"),
      "event_time column 'ts' is not a column of table enriched_dns"),
-    ("tables_differ", rule_text(tables="[enriched_conn]"), "differ from the tables the SQL reads ['enriched_dns']"),
+    ("tables_differ", rule_text(tables="[enriched_conn]"),
+     "differ from the tables the SQL reads ['enriched_dns']: add enriched_dns to `tables:` (or `lookups:`); "
+     "remove enriched_conn"),
     ("window_mismatch", rule_text(window="5 minutes"), "differs from the metadata window '5 minutes'"),
     ("no_window",
      rule_text(f"SELECT {COLUMNS.replace('window.start', 'min(event_time)').replace('window.end', 'max(event_time)')} "
@@ -497,3 +499,12 @@ def test_a_yaml_error_in_the_metadata_names_the_line_of_the_rule_file():
     with pytest.raises(RuleError, match=rf"not valid YAML: expected ',' or '\]', but got ':' at line {bad}, column 12 "
                                         r"\(while parsing a flow sequence from line \d+, column 8\)"):
         validate_rule(text)
+
+
+def test_an_unknown_table_is_named_at_its_line_with_the_closest_table():
+    text = rule_text(VALID_SQL.replace("FROM enriched_dns", "FROM enriched_dnss"))
+    col = text.splitlines()[-1].index("enriched_dnss") + 1
+    with pytest.raises(RuleError, match=rf"unknown table 'enriched_dnss' at line {len(text.splitlines())}, "
+                                        rf"column {col}; did you mean 'enriched_dns'\?"):
+        validate_rule(text)
+

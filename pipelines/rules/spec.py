@@ -195,8 +195,14 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
     _check_columns(tree, {t: schemas[t] for t in tables}, line_offset=line_offset)
     declared = tuple(meta["tables"])
     if set(declared) | set(lookups) != set(tables) or set(declared) & set(lookups):
+        missing = sorted(set(tables) - set(declared) - set(lookups))
+        unread = sorted((set(declared) | set(lookups)) - set(tables))
+        both = sorted(set(declared) & set(lookups))
+        todo = "; ".join([*([f"add {', '.join(missing)} to `tables:` (or `lookups:`)"] if missing else []),
+                          *([f"remove {', '.join(unread)}"] if unread else []),
+                          *([f"{', '.join(both)} under both `tables:` and `lookups:`"] if both else [])])
         raise RuleError(f"metadata tables {sorted(declared)} and lookups {sorted(lookups)} differ from the tables the "
-                        f"SQL reads {sorted(tables)}")
+                        f"SQL reads {sorted(tables)}: {todo}")
     for table in declared:
         if meta["event_time"] not in schemas[table].fieldNames():
             raise RuleError(f"event_time column {meta['event_time']!r} is not a column of table {table}")
@@ -409,7 +415,7 @@ def check_query(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) ->
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     tables: set[str] = set()
     for table in tree.find_all(exp.Table):
-        tables.add(_check_table(table, ctes, schemas))
+        tables.add(_check_table(table, ctes, schemas, line_offset))
     tables.discard("")
     if not tables:
         raise RuleError("the query reads no table")
@@ -420,7 +426,7 @@ def check_query(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) ->
     return sorted(tables)
 
 
-def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
+def _check_table(table: exp.Table, ctes: set[str], schemas: dict, line_offset: int = 0) -> str:
     target = table.this
     if not isinstance(target, exp.Identifier):
         what = target.sql(dialect="spark")[:60] if target is not None else "?"
@@ -440,7 +446,11 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict) -> str:
         if name in LOOKUP_TABLES:
             raise RuleError(f"{name} is a lookup table: list it under `lookups:` in the metadata (it is joined as "
                             "its current snapshot, not streamed)")
-        raise RuleError(f"unknown table {name!r}; rules may read: {', '.join(sorted(schemas))}")
+        line, end = target.meta.get("line"), target.meta.get("col")
+        where = f" at line {line + line_offset}, column {end - len(name) + 1}" if line and end else ""
+        close = difflib.get_close_matches(name, list(schemas), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"rules may read: {', '.join(sorted(schemas))}"
+        raise RuleError(f"unknown table {name!r}{where}; {hint}")
     return name
 
 
