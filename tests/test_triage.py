@@ -244,3 +244,18 @@ def test_a_suppression_saved_by_rule_name_before_is_listed_as_matching_nothing(s
     assert main(["suppress", "list", "--home", str(lake.home.root)]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(old))
     assert row.endswith("matches nothing (saved by rule name): expire it and add it again"), row
+
+
+def test_a_rule_file_being_edited_still_names_its_alerts(tmp_path):
+    import shutil
+
+    from pipelines.rules.pack import rule_names
+    from pipelines.triage.cli import rule_id
+
+    shutil.copytree(RULES_DIR, tmp_path / "rules")
+    tunneling = tmp_path / "rules" / "dns" / "dns_tunneling.sql"
+    deployed = next(r for r in scan_rules(RULES_DIR).rules if r.slug == "dns_tunneling")
+    tunneling.write_text(tunneling.read_text().replace("FROM enriched_dns", "FROM enriched_dnss"))  # a typo mid-edit
+    assert tunneling in scan_rules(tmp_path / "rules").errors
+    assert rule_id("dns_tunneling", tmp_path / "rules") == deployed.id
+    assert rule_names(tmp_path / "rules")[deployed.id] == "dns_tunneling"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import environment
-from pipelines.rules.spec import Rule, RuleError, validate_rule
+from pipelines.rules.spec import Rule, RuleError, split_metadata, validate_rule
 
 log = logging.getLogger("seclake.rules")
 
@@ -104,6 +104,16 @@ def load_rules(rules_dir: str | os.PathLike | None = None,
 
 
 def rule_names(rules_dir: str | os.PathLike | None = None) -> dict[str, str]:
-    """Rule id -> file name for the pack in `rules_dir` (default `default_rules_dir()`): listings
-    show names, and an id missing here (a rule since removed, a platform alert) as itself."""
-    return {rule.id: rule.slug for rule in scan_rules(rules_dir or default_rules_dir()).rules}
+    """Rule id -> file name for the pack in `rules_dir` (default `default_rules_dir()`), an invalid
+    file's too when its metadata names an id (a rule being edited): listings show names, and an
+    id missing here (a rule since removed, a platform alert) as itself."""
+    pack = scan_rules(rules_dir or default_rules_dir())
+    names = {}
+    for path in pack.errors:
+        try:
+            meta, _ = split_metadata(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, RuleError):
+            continue
+        if isinstance(meta.get("id"), str):
+            names[meta["id"]] = path.stem
+    return {**names, **{rule.id: rule.slug for rule in pack.rules}}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
 from pipelines.rules.pack import rule_names
+from pipelines.rules.spec import RuleError
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
@@ -120,7 +121,14 @@ def rule_id(name: str, rules_dir: Path) -> str:
     """
     if name.startswith(PLATFORM_RULE_PREFIX):
         return name
-    return find_rule(name, rules_dir).id
+    try:
+        return find_rule(name, rules_dir).id
+    except RuleError:
+        # A rule file being edited still names the alerts its earlier text raised.
+        by_name = {slug: id_ for id_, slug in rule_names(rules_dir).items()}
+        if name in by_name:
+            return by_name[name]
+        raise
 
 
 def _utc_time(text: str | None, flag: str) -> datetime | None:
