@@ -210,9 +210,10 @@ def test_a_suppression_given_a_rule_by_file_name_is_stored_by_id_and_matches(spa
     home = ["--home", str(lake.home.root)]
     assert main(["suppress", "add", "--rule", "internal_port_scan", "--ip", "10.0.0.5", "--reason", "lab scanner",
                  "--by", "ana", *home]) == 0
-    out = capsys.readouterr().out
-    ident = out.split()[1].rstrip(":")
-    assert f"internal_port_scan ({RULE_IDS['internal_port_scan']}) on ip 10.0.0.5" in out
+    out = capsys.readouterr()
+    ident = out.out.split()[1].rstrip(":")
+    assert f"internal_port_scan ({RULE_IDS['internal_port_scan']}) on ip 10.0.0.5" in out.out
+    assert "alerts already in the queue stay there" in out.err
     assert [r.rule_id for r in lake.read(spark, SUPPRESSIONS_TABLE).collect()] == [RULE_IDS["internal_port_scan"]]
     marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake).collect()}
     assert marked == {"aaaa11110": None, "aaaa11119": None, "bbbb22220": ident, "cccc33330": None}  # that rule only
@@ -227,6 +228,14 @@ def test_an_unknown_rule_is_refused_naming_it_and_the_valid_names(lake, capsys, 
     err = capsys.readouterr().err
     assert "no rule 'port_scan'" in err and "internal_port_scan" in err and len(err.splitlines()) == 1
     assert not lake.exists("suppressions")  # nothing written
+
+
+def test_a_suppression_that_would_already_have_ended_is_refused(lake, capsys):
+    assert main(["suppress", "add", "--rule", "internal_port_scan", "--ip", "10.0.0.5", "--reason", "x",
+                 "--expires", "2020-01-01", "--home", str(lake.home.root)]) == 2
+    err = capsys.readouterr().err
+    assert "--expires 2020-01-01: that is past (2020-01-01 00:00 UTC)" in err and len(err.splitlines()) == 1
+    assert not lake.exists("suppressions")
 
 
 def test_a_bad_severity_is_refused_by_the_parser_naming_the_allowed_values(capsys):

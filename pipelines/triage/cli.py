@@ -85,7 +85,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     for kind in ("ip", "cidr", "mac", "device", "domain"):
         entity.add_argument(f"--{kind}", metavar=kind.upper())
     adding.add_argument("--reason", required=True, help="why it is benign (kept with it)")
-    adding.add_argument("--expires", help="UTC time it ends, e.g. 2026-12-31 (default: never)")
+    adding.add_argument("--expires", help="UTC time it ends, e.g. 2026-12-31T18:00 (a date alone: its 00:00; "
+                                          "default: never)")
     adding.add_argument("--by", default=None, help="author (default: the login name)")
     home_arg(adding)
     rules_dir_arg(adding)
@@ -147,13 +148,19 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
     kind = next(k for k in MATCH_TYPES if getattr(args, k) is not None)
     # Stored by id, which is what `mark` compares with each alert's rule_id.
     rule = rule_id(args.rule, rules_folder(args)) if args.rule else None
-    suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=rule,
-                              expires_at=_utc_time(args.expires, "--expires"), author=args.by or getpass.getuser())
+    expires = _utc_time(args.expires, "--expires")
+    if expires is not None and expires <= datetime.now(timezone.utc):
+        raise ValueError(f"--expires {args.expires}: that is past ({expires:%Y-%m-%d %H:%M} UTC); "
+                         "a suppression that has already ended would mark nothing")
+    suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=rule, expires_at=expires,
+                              author=args.by or getpass.getuser())
     spark, lake = _spark_and_lake(args)
     ident = add(spark, lake, suppression)
     named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
     print(f"suppression {ident}: {named} on {kind} {getattr(args, kind)}"
-          f"{f' until {args.expires}' if args.expires else ''}")
+          f"{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
+    print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)",
+          file=sys.stderr)
     return 0
 
 
