@@ -122,6 +122,13 @@ def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spar
     assert [r.entity for r in incidents(spark, lake).collect()][0] == "10.0.0.7"  # riskiest first
     hourly = [r for r in incidents(spark, lake, timedelta(hours=1)).collect() if r.entity == "laptop-5"]
     assert sorted((r.alerts, r.risk) for r in hourly) == [(1, 20), (1, 20)]  # 2 h apart: two incidents
+    # An alert about no one host (DHCP starvation from made-up MACs) is the network's incident.
+    schema = lake.spec("alerts").schema
+    row = {**{f: None for f in schema.fieldNames()}, "alert_id": "dddd4444" + "0" * 56, "severity": "high",
+           "rule_id": RULE_IDS["dhcp_starvation"], "window_start": T0, "event_date": T0.date()}
+    spark.createDataFrame([row], schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    network = [r for r in incidents(spark, lake).collect() if r.entity == "(network)"]
+    assert [(r.alerts, r.risk, r.rules) for r in network] == [(1, 50, [RULE_IDS["dhcp_starvation"]])]
 
 
 

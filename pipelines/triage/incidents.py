@@ -1,7 +1,8 @@
 """Incidents: the alerts of one entity grouped in time, with a risk score (risk-based alerting).
 
-The entity is the device when the alert was attributed, else its MAC, else its source IP.
-Suppressed alerts and platform alerts (a rule disabled) take no part.
+The entity is the device when the alert was attributed, else its MAC, else its source IP, else
+`(network)`: a finding about no one host (DHCP starvation from many made-up MACs) is an incident
+of the network's. Suppressed alerts and platform alerts (a rule disabled) take no part.
 An entity's alerts, ordered by window start, form one incident while each starts within `span`
 of the one before; a longer gap starts another. The risk score adds, per distinct rule in the
 incident, the weight of the highest severity it raised (critical 100, high 50, medium 20, low 5,
@@ -20,6 +21,7 @@ from pipelines.rules.tables import PLATFORM_RULE_PREFIX
 from pipelines.triage.store import CLOSED, triaged_alerts
 
 INCIDENTS_TABLE = "incidents"
+NETWORK = "(network)"  # the entity of alerts that name no host
 SEVERITY_WEIGHT = {"critical": 100, "high": 50, "medium": 20, "low": 5, "info": 1}
 
 
@@ -29,8 +31,7 @@ def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours
     weight = F.create_map(*[x for s, w in SEVERITY_WEIGHT.items() for x in (F.lit(s), F.lit(w))])
     alerts = (triaged_alerts(spark, lake)
               .where(~F.col("rule_id").startswith(PLATFORM_RULE_PREFIX) & F.col("suppressed_by").isNull())
-              .withColumn("entity", F.coalesce("device", "mac", "src_ip"))
-              .where(F.col("entity").isNotNull())
+              .withColumn("entity", F.coalesce("device", "mac", "src_ip", F.lit(NETWORK)))
               .withColumn("weight", F.coalesce(weight[F.col("severity")], F.lit(0))))
     by_entity = Window.partitionBy("entity").orderBy("window_start", "alert_id")
     gap = F.col("window_start").cast("long") - F.lag("window_start").over(by_entity).cast("long")
