@@ -430,8 +430,9 @@ def report(running: RunningQuery, started: float) -> QueryReport:
     rep = QueryReport(running.name, duration_s=time.monotonic() - started)
     for progress in running.query.recentProgress:
         rep.rows_in += progress.numInputRows
-        if progress.eventTime.get("watermark"):
-            rep.watermark = progress.eventTime["watermark"]
+        mark = progress.eventTime.get("watermark")
+        if mark and not mark.startswith("1970-01-01T00:00:00"):  # Spark's 0 before any event time
+            rep.watermark = mark
         ops = progress.stateOperators
         if ops:
             rep.state_rows = sum(op.numRowsTotal for op in ops)

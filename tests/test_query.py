@@ -66,3 +66,21 @@ def test_a_report_before_the_first_batch_says_whether_it_is_running(active, line
 
     rep = report(RunningQuery("etl", _Query(active), _Writer(), ()), time.monotonic())  # type: ignore[arg-type]
     assert rep.line() == line
+
+
+def test_a_report_leaves_out_sparks_zero_watermark_of_a_query_that_saw_no_event_time():
+    import time
+    from types import SimpleNamespace
+
+    from pipelines.query import RunningQuery, report
+
+    def progress(mark: str) -> SimpleNamespace:
+        return SimpleNamespace(numInputRows=0, eventTime={"watermark": mark}, stateOperators=[], batchId=0)
+
+    query = _Query(False)
+    query.recentProgress = [progress("1970-01-01T00:00:00.000Z")]
+    rep = report(RunningQuery("rule_x", query, _Writer(), ()), time.monotonic())  # type: ignore[arg-type]
+    assert rep.watermark is None and "watermark" not in rep.line()
+    query.recentProgress.append(progress("2026-11-20T00:13:17.601Z"))
+    rep = report(RunningQuery("rule_x", query, _Writer(), ()), time.monotonic())  # type: ignore[arg-type]
+    assert rep.watermark == "2026-11-20T00:13:17.601Z"
