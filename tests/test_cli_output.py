@@ -162,10 +162,15 @@ def test_a_rule_that_calls_a_missing_function_fails_its_backtest_in_one_line(hom
     last = run.stderr.splitlines()[-1]
     assert last.startswith("seclake rules: rule bad_function fails on the tables: [UNRESOLVED_ROUTINE"), last
     assert "`LENGHT`" in last  # as sqlglot regenerated the SQL
+    # Spark's position is in sqlglot's one-line text: said as the file's line instead.
+    bad = next(n for n, line in enumerate((head + "*/" + body.replace("length(", "lenght(")).splitlines(), 1)
+               if "lenght(" in line)
+    assert last.endswith(f"; bad_function.sql line {bad}"), last
     # Run once, the failure is said in the rule's progress line and in the table, nowhere else.
     once = seclake("run-once", "--home", str(home), "--only", "rule_bad_function", "--rules", str(tmp_path / "rules"))
     assert once.returncode == 1 and chatter(once) == [], once.stderr[-3000:]
     assert "rule_bad_function: FAILED in " in once.stderr, once.stderr
+    assert f"bad_function.sql line {bad}" in once.stderr
     assert (once.stdout + once.stderr).count("UNRESOLVED_ROUTINE") == 2, once.stdout + once.stderr
     assert "nothing new" not in once.stdout
 

@@ -216,7 +216,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             result = backtest(spark, Lake(home), rule, start=start, end=end,
                               ground_truth=truth if truth.is_file() else None, against=against)
         except PySparkException as exc:
-            raise ValueError(f"rule {rule.slug} fails on the tables: {error_summary(exc)}") from None
+            raise ValueError(f"rule {rule.slug} fails on the tables: {rule.locate(error_summary(exc))}") from None
         progress.step(f"{rule.slug}: {len(result.alerts):,} alerts")
         if args.write:
             progress.working_on("adding the alerts the table lacks")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -446,6 +447,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         # Missing input tables are normal until the upstream stages first commit; sync() retries
         # every few seconds, so that case is not an error (the stream reports it once).
         marker.unlink(missing_ok=True)
+        if isinstance(exc, PySparkException):  # Spark's analysis of the SQL: said at the file's line
+            exc = RuleError(rule.locate(error_summary(exc)))
         # Run-once's report of the rule says it (its progress line and table): logged only in a stream,
         # whose reports come every minute.
         (log.info if once or isinstance(exc, MissingInputError) else log.error)(

@@ -122,6 +122,29 @@ class Rule:
         """Its test cases, `<rule>.tests.yml` beside the `.sql` file."""
         return self.path.with_name(f"{self.slug}.tests.yml") if self.path else None
 
+    def locate(self, message: str) -> str:
+        """A Spark error about this rule's SQL with its `line L pos P`, a place in `sql` (sqlglot's
+        one-line text), turned into the line of the rule file where that word first appears outside
+        the metadata block and comments; unchanged when it cannot be found."""
+        found = re.search(r"line (\d+) pos (\d+)", message)
+        lines = self.sql.splitlines()
+        if not found or self.path is None or not 0 < int(found[1]) <= len(lines):
+            return message
+        word = re.match(r"[A-Za-z_]\w*", lines[int(found[1]) - 1][int(found[2]):])
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError:
+            return message
+        if not word or "*/" not in text:
+            return message
+        first = text[:text.index("*/")].count("\n") + 1  # the file's line of the block's end
+        pattern = re.compile(rf"\b{re.escape(word[0])}\b", re.IGNORECASE)
+        for number, line in enumerate(text.splitlines()[first - 1:], first):
+            code = line.split("--", 1)[0] if number > first else line.split("*/", 1)[1].split("--", 1)[0]
+            if pattern.search(code):
+                return message.replace(found[0], f"{self.path.name} line {number}")
+        return message
+
 
 # The generation of the engine's rule query plan, bumped when a change alters the sources a rule
 # query reads (Spark cannot resume a checkpoint made with other sources): each rule version then

@@ -213,7 +213,7 @@ def run_case(spark: SparkSession, rule: Rule, case: Case) -> CaseResult:
     try:
         produced = collect_alerts(run_batch(spark, rule, load))
     except Exception as exc:  # a case that cannot run is a failed case, with Spark's reason
-        return CaseResult(rule.slug, case.name, False, f"query failed: {str(exc).splitlines()[0]}")
+        return CaseResult(rule.slug, case.name, False, f"query failed: {rule.locate(str(exc).splitlines()[0])}")
     unmatched = list(produced)
     missing = []
     for expected in case.alerts:
