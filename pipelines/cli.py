@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader of the output went away (`seclake alerts list | head`): not an error. Python
+        # would otherwise fail again flushing stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"seclake {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -116,3 +116,19 @@ def test_the_headline_counts_what_each_suppression_removes():
                "owner": None, "evidence": "x", "suppressed_by": by} for n, by in enumerate(["s1", "s1", "s2", None])]
     headline = Backtest(validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql"), None, None, alerts).lines()[0]
     assert headline.endswith(": 4 alerts (3 suppressed: 2 by s1, 1 by s2)"), headline
+
+
+def test_rules_status_without_spark_shows_unrun_rules_and_the_packs_verdict(tmp_path, capsys):
+    import os
+
+    from pipelines.home import Home
+
+    home = Home.resolve(tmp_path / "home").create()
+    shutil.copytree(RULES, tmp_path / "rules")
+    copy = tmp_path / "rules" / "dns" / "a_copy.sql"
+    shutil.copy(RULES / "dns" / "dns_tunneling.sql", copy)
+    os.utime(copy, (2e9, 2e9))  # the newer file
+    assert run_cli("rules", "status", "--home", str(home.root), "--rules", str(tmp_path / "rules")) == 1
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["a_copy"].split()[1] == "invalid:" and "duplicate id" in lines["a_copy"]
+    assert lines["dns_tunneling"].split(None, 1)[1] == "ok (not run yet)"

@@ -254,25 +254,34 @@ def _rule_status(args: argparse.Namespace):
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
     from pipelines.rules.engine import file_hash, logic_changed
-    from pipelines.rules.health import DISABLED, INVALID
+    from pipelines.rules.health import DISABLED, INVALID, OK
+    from pipelines.rules.status import health_of, recorded_health
 
     pack = scan_rules(rules_folder(args))
-    status = _rule_status(args)
+    lake = Lake(Home.resolve(args.home).existing())
+    recorded = recorded_health(lake)  # delta-rs: no JVM
     valid = pack.by_slug()
     deployed = {**{r.slug: r.content_hash for r in pack.rules}, **{path.stem: file_hash(path) for path in pack.errors}}
-    healths = [status.get(slug, content_hash) for slug, content_hash in sorted(deployed.items())]
+    healths = [health_of(recorded, slug, content_hash) for slug, content_hash in sorted(deployed.items())]
+    invalid = {path.stem: reason for path, reason in pack.errors.items()}
     for i, health in enumerate(healths):
         if health.rule in valid:
             rule = valid[health.rule]
-            changed = logic_changed(status.lake.home.checkpoint(rule.checkpoint_name), rule)
+            changed = logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule)
             healths[i] = health.invalid(changed) if changed else health.validated()
+        else:  # as the pack judges it now, whether or not a run has recorded it
+            healths[i] = health.invalid(invalid[health.rule])
     for health in healths:
         slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""
         failures = f", {health.failures} failure(s) in a row" if health.failures else ""
         reason = f": {health.reason}" if health.reason else ""
-        print(f"{slug:<28} {health.state}{failures}{retry}{reason}")
+        unrun = (health.state == OK and slug in valid
+                 and not lake.home.checkpoint(valid[slug].checkpoint_name).is_dir())
+        print(f"{slug:<28} {health.state}{' (not run yet)' if unrun else ''}{failures}{retry}{reason}")
     return 1 if any(h.state in (DISABLED, INVALID) for h in healths) else 0
 
 

@@ -17,8 +17,7 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import delta_errors
@@ -39,6 +38,41 @@ def _log_version(path: Path) -> int:
     """The newest commit of a local table, from its log folder's file names (-1: no table)."""
     names = [p.name for p in (path / "_delta_log").glob("*.json") if p.name[:20].isdigit()]
     return max((int(n[:20]) for n in names), default=-1)
+
+
+def recorded_health(lake: Lake) -> dict[str, RuleHealth]:
+    """rule -> its newest row of `rule_status` (what file it was about aside), read by delta-rs:
+    no JVM, so `seclake rules status` answers at once. Empty before the table's first row.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     recorded_health(Lake(Home.resolve(tmp)))
+    {}
+    """
+    from pipelines.lake.log import read_columns
+
+    if not lake.exists(RULE_STATUS_TABLE):
+        return {}
+    newest: dict[str, dict] = {}
+    for row in read_columns(lake.path(RULE_STATUS_TABLE), list(lake.spec(RULE_STATUS_TABLE).schema.fieldNames())
+                            ).to_pylist():
+        if row["rule"] not in newest or row["changed_at"] > newest[row["rule"]]["changed_at"]:
+            newest[row["rule"]] = row
+    return {rule: RuleHealth(rule, r["content_hash"], r["state"], r["failures"], r["reason"],
+                             _utc(r["retry_at"]) if r["retry_at"] else None)
+            for rule, r in newest.items()}
+
+
+def health_of(recorded: dict[str, RuleHealth], rule: str, content_hash: str) -> RuleHealth:
+    """The health of `rule` as deployed now (the file with `content_hash`), from `recorded_health`."""
+    found = recorded.get(rule)
+    return found.for_file(content_hash) if found else RuleHealth.fresh(rule, content_hash)
+
+
+def _utc(value: datetime) -> datetime:
+    # Delta stores timestamps in UTC; delta-rs gives them with or without the zone, by version.
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 class RuleStatus:
@@ -71,8 +105,7 @@ class RuleStatus:
 
     def get(self, rule: str, content_hash: str) -> RuleHealth:
         """The health of `rule` as deployed now (the file with `content_hash`)."""
-        found = self.all().get(rule)
-        return found.for_file(content_hash) if found else RuleHealth.fresh(rule, content_hash)
+        return health_of(self.all(), rule, content_hash)
 
     def put(self, health: RuleHealth) -> RuleHealth:
         """Record `health` unless it is what the table already says; return it."""
@@ -98,12 +131,7 @@ class RuleStatus:
         return health
 
     def _load(self) -> dict[str, RuleHealth]:
-        rows = self.lake.read(self.spark, RULE_STATUS_TABLE)
-        newest = Window.partitionBy("rule").orderBy(F.col("changed_at").desc())
-        found = rows.withColumn("_n", F.row_number().over(newest)).where("_n = 1").collect()
-        return {r.rule: RuleHealth(r.rule, r.content_hash, r.state, r.failures, r.reason,
-                                   r.retry_at.astimezone(timezone.utc) if r.retry_at else None)
-                for r in found}
+        return recorded_health(self.lake)
 
     def _platform_alert(self, health: RuleHealth, now: datetime) -> None:
         """An alert in `alerts` saying which rule stopped detecting and why."""
