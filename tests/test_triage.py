@@ -87,6 +87,20 @@ def test_queue_filters_and_puts_the_most_severe_and_newest_first(spark, lake):
     assert triaged_alerts(spark, lake).count() == len(ALERTS)  # never triaged: still there, open
 
 
+def test_a_finding_a_newer_rule_version_raised_again_is_listed_once(spark, lake):
+    from pipelines.triage.incidents import incidents
+
+    schema = lake.spec("alerts").schema
+    again = lake.read(spark, "alerts").where("alert_id LIKE 'aaaa11110%'").first().asDict()
+    again.update(alert_id="eeee5555" + "0" * 56, rule_version=2)  # v2's backfill: same window and host
+    spark.createDataFrame([again], schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    ids = [r.alert_id[:9] for r in queue(spark, lake).collect()]
+    assert "eeee55550" in ids and "aaaa11110" not in ids and len(ids) == len(ALERTS)
+    five = next(r for r in incidents(spark, lake).collect() if r.entity == "laptop-5")
+    assert five.alerts == 2 and "eeee5555" + "0" * 56 in five.alert_ids
+    assert resolve_ids(spark, lake, ["aaaa11110"]) == [ALERTS[0][0]]  # still there, for alerts show
+
+
 def test_cli_acks_lists_and_shows(spark, lake, capsys):
     home = ["--home", str(lake.home.root)]
     assert main(["alerts", "ack", "aaaa11110", "cccc33330", "--note", "on it", "--by", "ana", *home]) == 0

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
-from pipelines.triage.store import CLOSED, triaged_alerts
+from pipelines.triage.store import CLOSED, newest_versions, triaged_alerts
 
 INCIDENTS_TABLE = "incidents"
 NETWORK = "(network)"  # the entity of alerts that name no host
@@ -29,7 +29,7 @@ def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours
     """One row per incident: `entity`, `first_seen`, `last_seen`, `alerts`, `open_alerts`,
     `rules` (distinct rule ids), `max_severity`, `risk`, `alert_ids`; riskiest first."""
     weight = F.create_map(*[x for s, w in SEVERITY_WEIGHT.items() for x in (F.lit(s), F.lit(w))])
-    alerts = (triaged_alerts(spark, lake)
+    alerts = (newest_versions(triaged_alerts(spark, lake))
               .where(~F.col("rule_id").startswith(PLATFORM_RULE_PREFIX) & F.col("suppressed_by").isNull())
               .withColumn("entity", F.coalesce("device", "mac", "src_ip", F.lit(NETWORK)))
               .withColumn("weight", F.coalesce(weight[F.col("severity")], F.lit(0))))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
@@ -98,6 +98,15 @@ def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
             .withColumn("status", F.coalesce(F.col("status"), F.lit(OPEN))))
 
 
+def newest_versions(alerts: DataFrame) -> DataFrame:
+    """`alerts` without those that a newer version of their rule raised again, for the same window
+    and host: a new version's backfill re-raises what the earlier one found (another `alert_id`,
+    which holds the version), and the queue and incidents show each finding once."""
+    same = Window.partitionBy("rule_id", "window_start", "window_end", "src_ip", "mac", "device")
+    return (alerts.withColumn("_newest", F.max("rule_version").over(same))
+            .where(F.col("rule_version").eqNullSafe(F.col("_newest"))).drop("_newest"))
+
+
 def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, ACKNOWLEDGED),
           rule: str | None = None, severity: str | None = None, host: str | None = None,
           since: datetime | None = None, suppressed: bool = False) -> DataFrame:
@@ -107,7 +116,7 @@ def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, AC
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
         raise ValueError(f"status {', '.join(unknown)}: expected one of {', '.join(STATUSES)}")
-    frame = triaged_alerts(spark, lake).where(F.col("status").isin(*statuses))
+    frame = newest_versions(triaged_alerts(spark, lake)).where(F.col("status").isin(*statuses))
     if not suppressed:
         frame = frame.where(F.col("suppressed_by").isNull())
     if rule:
