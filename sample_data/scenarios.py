@@ -28,6 +28,9 @@ SCENARIOS = (
     "dns_exfiltration", "dns_tunneling", "dga", "port_scan", "c2_beaconing",
     "ids_alert_reused_ip", "dhcp_starvation", "roaming_laptop", "new_device",
 )
+# Injected to test attribution (a laptop's traffic must follow each of its leases), not attacks:
+# a backtest neither asks a rule to find them nor counts an alert on them as true.
+BENIGN = ("roaming_laptop",)
 
 # --- parameters quoted in docs/sample-data.md --------------------------------------------
 EXFIL_QUERIES = 320            # queries in the exfiltration window

@@ -117,7 +117,11 @@ class Scores:
 
 
 def score(alerts: list[dict], incidents: list[Incident]) -> Scores:
-    """Score alerts (dicts with src_ip, mac, window_start, window_end) against incidents."""
+    """Score alerts (dicts with src_ip, mac, window_start, window_end) against incidents; the
+    generator's benign scenarios (`sample_data.scenarios.BENIGN`, a roaming laptop) are not incidents."""
+    from sample_data.scenarios import BENIGN
+
+    incidents = [i for i in incidents if i.scenario not in BENIGN]
     hit: set[str] = set()
     true_alerts = 0
     for alert in alerts:
