@@ -353,7 +353,8 @@ BAD_METADATA: list[tuple[str, str, str]] = [
     ("tables_differ", rule_text(tables="[enriched_conn]"),
      "differ from the tables the SQL reads ['enriched_dns']: add enriched_dns to `tables:` (or `lookups:`); "
      "remove enriched_conn"),
-    ("window_mismatch", rule_text(window="5 minutes"), "differs from the metadata window '5 minutes'"),
+    ("window_mismatch", rule_text(window="5 minutes"),
+     "window(...) at line 14 duration '10 minutes' differs from the metadata window '5 minutes'"),
     ("no_window",
      rule_text(f"SELECT {COLUMNS.replace('window.start', 'min(event_time)').replace('window.end', 'max(event_time)')} "
                "FROM enriched_dns GROUP BY src_ip, mac, device, owner"),

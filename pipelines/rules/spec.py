@@ -229,7 +229,7 @@ def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
     for table in declared:
         if meta["event_time"] not in schemas[table].fieldNames():
             raise RuleError(f"event_time column {meta['event_time']!r} is not a column of table {table}")
-    _check_window(tree, meta)
+    _check_window(tree, meta, line_offset)
     columns = tuple(_output_columns(tree))
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
@@ -504,25 +504,28 @@ def _check_columns(tree: exp.Expression, schemas: dict, *, line_offset: int = 0)
                         f"nor named in the query{hint}")
 
 
-def _check_window(tree: exp.Expression, meta: dict) -> None:
+def _check_window(tree: exp.Expression, meta: dict, line_offset: int = 0) -> None:
     calls = [f for f in tree.find_all(exp.Anonymous) if str(f.name).lower() == "window"]
     if not calls:
         raise RuleError(f"the query must aggregate per window({meta['event_time']}, '{meta['window']}'): "
                         "a streaming query emits an aggregate once its window is closed by the watermark")
     for call in calls:
+        line = call.meta.get("line")
+        at = f" at line {line + line_offset}" if line else ""
         args = call.expressions
         if len(args) < 2 or not isinstance(args[0], exp.Column) or args[0].name != meta["event_time"]:
-            raise RuleError(f"window(...) must be over the event_time column {meta['event_time']!r}: "
+            raise RuleError(f"window(...){at} must be over the event_time column {meta['event_time']!r}: "
                             f"{call.sql(dialect='spark')}")
         size = args[1]
         if not (isinstance(size, exp.Literal) and size.is_string):
-            raise RuleError(f"window(...) duration must be a string literal: {call.sql(dialect='spark')}")
+            raise RuleError(f"window(...){at} duration must be a string literal: {call.sql(dialect='spark')}")
         try:
             seconds = interval_seconds(size.this)
         except ValueError as exc:
-            raise RuleError(f"window(...) duration: {exc}") from None
+            raise RuleError(f"window(...){at} duration: {exc}") from None
         if seconds != interval_seconds(meta["window"]):
-            raise RuleError(f"window(...) duration {size.this!r} differs from the metadata window {meta['window']!r}")
+            raise RuleError(f"window(...){at} duration {size.this!r} differs from the metadata window "
+                            f"{meta['window']!r}")
 
 
 def _output_columns(tree: exp.Expression) -> list[str]:
