@@ -53,3 +53,17 @@ def test_pack_rejects_a_rule_without_a_technique_id(tmp_path, mitre):
     assert "mitre" in next(iter(errors.values()))
     with pytest.raises(RuleError, match="mitre"):
         validate_rule(folder / "no_technique.sql")
+
+
+def test_rules_test_says_a_missing_tests_file_once(spark, tmp_path, capsys):
+    import shutil
+
+    from pipelines.cli import main
+
+    (tmp_path / "dns").mkdir()
+    shutil.copy(RULES_DIR / "dns" / "dga_nxdomain_burst.sql", tmp_path / "dns")  # its tests file left behind
+    assert main(["rules", "test", "--rules", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert (out.out + out.err).count("dga_nxdomain_burst.tests.yml") == 1, out.out + out.err
+    assert "<tests file>" in out.out and "LINT" not in out.out
+    assert out.err.strip() == "1 case(s), 1 failed"

@@ -166,7 +166,8 @@ def cmd_test(args: argparse.Namespace) -> int:
     invalid = [] if args.names else list(pack.errors.values())
     for reason in invalid:
         print(f"INVALID {reason}")
-    lint = [problem for rule in rules for problem in lint_rule(rule)]
+    # A tests file that does not load is one failed result of the run (`<tests file>`), said once.
+    lint = [problem for rule in rules if _cases_load(rule) for problem in lint_rule(rule)]
     for problem in lint:
         print(f"LINT    {problem}")
     spark = get_spark(app_name="seclake-rules-test", ui=False)
@@ -178,6 +179,16 @@ def cmd_test(args: argparse.Namespace) -> int:
         f"{n} {what}" for n, what in ((len(lint), "lint problem(s)"), (len(invalid), "invalid file(s)")) if n]
     print(", ".join(counts), file=sys.stderr)
     return 1 if failed or lint or invalid else 0
+
+
+def _cases_load(rule: Rule) -> bool:
+    from pipelines.rules.testing import load_cases
+
+    try:
+        load_cases(rule)
+    except RuleError:
+        return False
+    return True
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
