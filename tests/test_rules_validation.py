@@ -509,3 +509,13 @@ def test_an_unknown_table_is_named_at_its_line_with_the_closest_table():
                                         rf"column {col}; did you mean 'enriched_dns'\?"):
         validate_rule(text)
 
+
+
+def test_a_tests_file_column_typo_is_named_with_the_closest_column():
+    from pipelines.rules.testing import parse_cases
+
+    tests = ("cases:\n  - name: one\n    input:\n      enriched_dns:\n"
+             "        - {event_time: '2026-11-20 10:00:00', qtype_nam: TXT}\n    alerts: []\n")
+    with pytest.raises(RuleError, match=r"column\(s\) \['qtype_nam'\] are not in enriched_dns "
+                                        r"\(did you mean 'qtype_nam' -> 'qtype_name'\?\)"):
+        parse_cases(tests, validate_rule(rule_text()))

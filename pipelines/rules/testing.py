@@ -29,6 +29,7 @@ and alert construction as the stream.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
@@ -145,7 +146,10 @@ def expand_rows(table: str, items: list, defaults: dict | None = None, where: st
         step = timedelta(seconds=interval_seconds(every)) if every is not None else timedelta(0)
         unknown = sorted(set(spec) - set(schema.fieldNames()))
         if unknown:
-            raise RuleError(f"{where}: column(s) {unknown} are not in {table}")
+            close = {u: difflib.get_close_matches(u, schema.fieldNames(), n=1) for u in unknown}
+            hints = [f"{u!r} -> {c[0]!r}" for u, c in close.items() if c]
+            raise RuleError(f"{where}: column(s) {unknown} are not in {table}"
+                            + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
         for i in range(repeat):
             row = {k: _indexed(v, i) for k, v in spec.items()}
             row = _typed(row, schema, where)
