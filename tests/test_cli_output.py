@@ -118,7 +118,7 @@ def test_history_of_alerts_names_the_rule_of_each_commit(home, run_once):
     import csv
     import io
 
-    run = seclake("history", "alerts", "--home", str(home), "--format", "csv")
+    run = seclake("history", "alerts", "--home", str(home), "--format", "csv", "--rules", str(REPO / "rules"))
     assert run.returncode == 0 and run.stderr == "", run.stderr
     rows = list(csv.DictReader(io.StringIO(run.stdout)))
     slugs = {p.stem for p in (REPO / "rules").rglob("*.sql")}

@@ -519,3 +519,27 @@ def test_a_tests_file_column_typo_is_named_with_the_closest_column():
     with pytest.raises(RuleError, match=r"column\(s\) \['qtype_nam'\] are not in enriched_dns "
                                         r"\(did you mean 'qtype_nam' -> 'qtype_name'\?\)"):
         parse_cases(tests, validate_rule(rule_text()))
+
+
+def test_a_column_error_names_its_first_place_and_the_querys_own_names():
+    cte = ("WITH hits AS (SELECT src_ip, mac, device, owner, event_time, query AS sessions FROM enriched_dns)\n"
+           f"SELECT {COLUMNS} FROM hits {GROUP} HAVING max(sesions) > 1")
+    with pytest.raises(RuleError, match="column 'sesions' .* did you mean 'sessions'"):
+        validate_rule(rule_text(cte))
+    wrong_table = cte.replace("FROM enriched_dns", "FROM silver_conn").replace("query AS", "uid AS")
+    text = rule_text(wrong_table, tables="[silver_conn]")
+    first = next(n for n, line in enumerate(text.splitlines(), 1) if line.startswith("WITH hits"))
+    with pytest.raises(RuleError, match=f"column 'mac' at line {first}, column 30 "):  # the CTE's, not the SELECT's
+        validate_rule(text)
+
+
+def test_a_duplicate_with_the_same_modification_time_is_said_to_be_a_tie(tmp_path):
+    import os
+
+    (tmp_path / "dns").mkdir()
+    for name in ("b_rule.sql", "a_copy.sql"):  # cp -p: the copy keeps the time
+        (tmp_path / "dns" / name).write_text(rule_text())
+        os.utime(tmp_path / "dns" / name, (1.7e9, 1.7e9))
+    [reason] = scan_rules(tmp_path).errors.values()
+    assert reason.startswith(f"{tmp_path / 'dns' / 'b_rule.sql'}: duplicate id ")
+    assert "the id of " + str(tmp_path / "dns" / "a_copy.sql") + " (same modification time; the first by path" in reason

@@ -247,8 +247,15 @@ def test_a_suppression_given_a_rule_by_file_name_is_stored_by_id_and_matches(spa
 def test_an_unknown_rule_is_refused_naming_it_and_the_valid_names(lake, capsys, command):
     assert main([*command, "--home", str(lake.home.root)]) == 2
     err = capsys.readouterr().err
-    assert "no rule 'port_scan'" in err and "internal_port_scan" in err and len(err.splitlines()) == 1
+    assert "no rule 'port_scan'" in err and "did you mean 'internal_port_scan'?" in err and len(err.splitlines()) == 1
     assert not lake.exists("suppressions")  # nothing written
+
+
+def test_a_suppression_on_a_malformed_mac_is_refused(lake, capsys):
+    assert main(["suppress", "add", "--rule", "internal_port_scan", "--mac", "dc:a6:32:0b:38", "--reason", "x",
+                 "--home", str(lake.home.root)]) == 2
+    assert "mac dc:a6:32:0b:38: expected six hex pairs" in capsys.readouterr().err
+    assert not lake.exists("suppressions")
 
 
 def test_a_suppression_that_would_already_have_ended_is_refused(lake, capsys):

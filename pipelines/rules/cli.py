@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable
@@ -102,7 +103,9 @@ def find_rule(name: str, rules_dir: str | os.PathLike) -> Rule:
     for path, reason in pack.errors.items():
         if path.stem == name:
             raise RuleError(reason)
-    raise ValueError(f"no rule {name!r} in {rules_dir}; rules: {', '.join(r.slug for r in pack.rules)}")
+    close = difflib.get_close_matches(name, [r.slug for r in pack.rules], n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"no rule {name!r} in {rules_dir}; {hint}rules: {', '.join(r.slug for r in pack.rules)}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -62,11 +62,11 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
             pack.errors[path] = str(exc)
             continue
         if rule.id in ids:
-            pack.errors[path] = (f"{path}: duplicate id {rule.id}, the id of the older {ids[rule.id]}: "
+            pack.errors[path] = (f"{path}: duplicate id {rule.id}, the id of {_elder(ids[rule.id], path)}: "
                                  "give this rule an id of its own (python -c 'import uuid; print(uuid.uuid4())')")
             continue
         if rule.slug in slugs:
-            pack.errors[path] = (f"{path}: duplicate rule file name {rule.slug!r} (the older {slugs[rule.slug]} "
+            pack.errors[path] = (f"{path}: duplicate rule file name {rule.slug!r} ({_elder(slugs[rule.slug], path)} "
                                  "keeps it): rename this file")
             continue
         ids[rule.id] = path
@@ -74,6 +74,13 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
         pack.rules.append(rule)
     pack.rules.sort(key=lambda r: r.slug)
     return pack
+
+
+def _elder(kept: Path, refused: Path) -> str:
+    """How a duplicate's message names the file that keeps the id or name."""
+    if _modified(kept) == _modified(refused):  # a copy that kept its time (cp -p, a checkout): path order
+        return f"{kept} (same modification time; the first by path keeps it)"
+    return f"the older {kept}"
 
 
 def _modified(path: Path) -> float:

@@ -478,30 +478,34 @@ def _check_table(table: exp.Table, ctes: set[str], schemas: dict, line_offset: i
 
 
 def _check_columns(tree: exp.Expression, schemas: dict, *, line_offset: int = 0) -> None:
-    """RuleError naming the first bare column that no table the rule reads has and the query does
-    not name itself (an alias, a CTE, a lambda's argument, Spark's `window` of a GROUP BY window()).
+    """RuleError naming the first bare column (in the file) that no table the rule reads has and
+    the query does not name itself (an alias, a CTE, a lambda's argument, Spark's `window` of a
+    GROUP BY window()), with the closest of those names.
 
     Deliberately lenient, so that no rule Spark accepts is refused: a qualified `a.b` (a struct's
     field or a table alias) is left to Spark, and so is a column that only another table read by
     the query has. What it catches is the common slip, a misspelt column, before the rule runs.
     """
-    known = {name.lower() for schema in schemas.values() for name in schema.fieldNames()} | {"window"}
+    names = {name for schema in schemas.values() for name in schema.fieldNames()} | {"window"}
     for node in tree.walk():
         if isinstance(node, (exp.Alias, exp.CTE, exp.TableAlias)):
-            known.add(node.alias_or_name.lower())
-            known.update(c.name.lower() for c in node.args.get("columns") or ())
+            names.add(node.alias_or_name)
+            names.update(c.name for c in node.args.get("columns") or ())
         elif isinstance(node, exp.Lambda):
-            known.update(arg.name.lower() for arg in node.expressions)
-    for column in tree.find_all(exp.Column):
-        if column.table or not isinstance(column.this, exp.Identifier) or column.name.lower() in known:
-            continue
-        line, end = column.this.meta.get("line"), column.this.meta.get("col")  # sqlglot: the token's last column
-        where = f" at line {line + line_offset}, column {end - len(column.name) + 1}" if line and end else ""
-        names = sorted({name for schema in schemas.values() for name in schema.fieldNames()})
-        close = difflib.get_close_matches(column.name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; their columns: {', '.join(names)}"
-        raise RuleError(f"column {column.name!r}{where} is not a column of {', '.join(sorted(schemas))} "
-                        f"nor named in the query{hint}")
+            names.update(arg.name for arg in node.expressions)
+    known = {name.lower() for name in names}
+    unknown = [c for c in tree.find_all(exp.Column)
+               if not c.table and isinstance(c.this, exp.Identifier) and c.name.lower() not in known]
+    if not unknown:
+        return
+    column = min(unknown, key=lambda c: (c.this.meta.get("line", 0), c.this.meta.get("col", 0)))
+    line, end = column.this.meta.get("line"), column.this.meta.get("col")  # sqlglot: the token's last column
+    where = f" at line {line + line_offset}, column {end - len(column.name) + 1}" if line and end else ""
+    close = difflib.get_close_matches(column.name, sorted(names - {"window"}), n=1)
+    columns = sorted({name for schema in schemas.values() for name in schema.fieldNames()})
+    hint = f"; did you mean {close[0]!r}?" if close else f"; their columns: {', '.join(columns)}"
+    raise RuleError(f"column {column.name!r}{where} is not a column of {', '.join(sorted(schemas))} "
+                    f"nor named in the query{hint}")
 
 
 def _check_window(tree: exp.Expression, meta: dict, line_offset: int = 0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.sql.database import Database, connect
@@ -58,13 +59,14 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     _check_output_args(args)
     frame = connect(args.home).history(args.table, limit=args.limit or None)
-    write_pandas(with_rule_names(frame), args.format, sys.stdout)
+    write_pandas(with_rule_names(frame, args.rules), args.format, sys.stdout)
     return 0
 
 
-def with_rule_names(history: pd.DataFrame) -> pd.DataFrame:
-    """`history` with a `rule` column after `app_id` naming the rule file of each commit a rule
-    wrote (app id `rule:<rule id>:v<version>:<checkpoint tag>`), when one did.
+def with_rule_names(history: pd.DataFrame, rules_dir: Path | None = None) -> pd.DataFrame:
+    """`history` with a `rule` column after `app_id` naming the rule file (in `rules_dir`, default
+    the pack's folder) of each commit a rule wrote (app id `rule:<rule id>:v<version>:<checkpoint
+    tag>`), when one did.
 
     >>> import pandas as pd
     >>> with_rule_names(pd.DataFrame({"app_id": ["silver_dns"]})).columns.tolist()
@@ -75,7 +77,7 @@ def with_rule_names(history: pd.DataFrame) -> pd.DataFrame:
     ids = history["app_id"].str.extract(r"^rule:([0-9a-f-]{36}):", expand=False)
     if ids.isna().all():
         return history
-    names = rule_names()
+    names = rule_names(rules_dir)
     out = history.copy()
     out.insert(int(out.columns.get_loc("app_id")) + 1, "rule",
                ids.map(lambda i: names.get(i, i) if isinstance(i, str) else ""))
@@ -124,6 +126,9 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     history = sub.add_parser("history", help="list a table's commits: version, time, operation, batch, rows added")
     home_arg(history)
     history.add_argument("table", metavar="TABLE")
+    from pipelines.rules.cli import rules_dir_arg
+
+    rules_dir_arg(history)
     output_args(history, f"newest commits shown, 0 = all (default {DEFAULT_LIMIT})")
     history.set_defaults(func=cmd_history)
 

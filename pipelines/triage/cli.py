@@ -118,7 +118,7 @@ def rule_id(name: str, rules_dir: Path) -> str:
     True
     >>> rule_id("port_scan", RULES_DIR)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: no rule 'port_scan' in ...; rules: c2_beaconing, ...
+    ValueError: no rule 'port_scan' in ...; did you mean 'internal_port_scan'? rules: c2_beaconing, ...
     """
     if name.startswith(PLATFORM_RULE_PREFIX):
         return name

@@ -10,6 +10,7 @@ suppression (or its `expires_at` passing) affects alerts written after that only
 from __future__ import annotations
 
 import ipaddress
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from pipelines.lake.registry import Lake
 
 SUPPRESSIONS_TABLE = "suppressions"
 MATCH_TYPES = ("ip", "cidr", "mac", "device", "domain")
+MAC = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class Suppression:
             raise ValueError("a suppression needs a reason")
         if self.match_type == "ip":
             ipaddress.ip_address(self.match_value)
+        if self.match_type == "mac" and not MAC.fullmatch(self.match_value):
+            raise ValueError(f"mac {self.match_value}: expected six hex pairs such as aa:bb:cc:00:11:22 "
+                             "(how Zeek's DHCP log and the enriched tables write it)")
         if self.match_type == "cidr":
             network = ipaddress.ip_network(self.match_value, strict=False)
             if network.version != 4:
