@@ -326,6 +326,7 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
             n = 0
             ip = plan.ip_at(d.idx, t)
             expires = 0
+            used: set[int] = set()  # an OS hands out ephemeral ports in turn: a beacon's never repeat in minutes
             while t < inc.end:
                 ipt = plan.ip_at(d.idx, t) or ip
                 if t >= expires:
@@ -334,6 +335,9 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
                     expires = t + 300 * US
                 big = rng.random() < 0.07
                 sport = rng.randrange(49152, 65535)
+                while sport in used:  # a repeat would share its 5-tuple, so its community_id, with another
+                    sport = 49152 + (sport - 49152 + 1) % (65535 - 49152)
+                used.add(sport)
                 uid, fid, _ = sink.tcp(t, ipt, sport, c2, 443, "ssl", "tls", rng.randrange(150_000, 600_000),
                                        420 + rng.randrange(-30, 30),
                                        rng.randrange(4_000, 12_000) if big else 250 + rng.randrange(-20, 20))

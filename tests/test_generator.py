@@ -480,3 +480,18 @@ def test_formats_match_the_real_sensor_logs(real_logs, day):
     real_dhcp = [json.loads(line) for line in open(real_logs / "zeek-json" / "dhcp.log")]
     keys = set().union(*real_dhcp)
     assert keys <= set(ours[6].split("\t")[1:])
+
+
+def test_a_beacons_connections_never_share_a_source_port(tmp_path):
+    # Seed 9 drew one port twice a minute apart: two beacons with one 5-tuple, so one community_id,
+    # and c2_beaconing counted 29 connections with a 2-minute gap instead of 30 (it missed the scenario).
+    gen.generate(tmp_path, hours=1, hosts=15, seed=9)
+    truth = [json.loads(line) for line in (tmp_path / "ground_truth.jsonl").read_text().splitlines()]
+    uids = set(next(t for t in truth if t["scenario"] == "c2_beaconing")["zeek_uids"])
+    ports = {}
+    for path in (tmp_path / "landing" / "zeek").glob("conn*"):
+        for line in path.read_text().splitlines():
+            fields = line.split("\t")
+            if not line.startswith("#") and fields[1] in uids:
+                ports[fields[1]] = fields[3]
+    assert len(ports) == len(uids) >= 20 and len(set(ports.values())) == len(ports)
