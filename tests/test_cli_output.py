@@ -165,7 +165,7 @@ def test_a_rule_that_calls_a_missing_function_fails_its_backtest_in_one_line(hom
     # Spark's position is in sqlglot's one-line text: said as the file's line instead.
     bad = next(n for n, line in enumerate((head + "*/" + body.replace("length(", "lenght(")).splitlines(), 1)
                if "lenght(" in line)
-    assert last.endswith(f"; bad_function.sql line {bad}"), last
+    assert last.endswith(f"; bad_function.sql line {bad}; did you mean length()?"), last
     # Run once, the failure is said in the rule's progress line and in the table, nowhere else.
     once = seclake("run-once", "--home", str(home), "--only", "rule_bad_function", "--rules", str(tmp_path / "rules"))
     assert once.returncode == 1 and chatter(once) == [], once.stderr[-3000:]

@@ -67,3 +67,15 @@ def test_rules_test_says_a_missing_tests_file_once(spark, tmp_path, capsys):
     assert (out.out + out.err).count("dga_nxdomain_burst.tests.yml") == 1, out.out + out.err
     assert "<tests file>" in out.out and "LINT" not in out.out
     assert out.err.strip() == "1 case(s), 1 failed"
+
+
+def test_a_case_of_a_rule_calling_a_misspelt_function_fails_naming_the_line_and_the_function(spark, tmp_path):
+    source = RULES_DIR / "dns" / "dns_tunneling.sql"
+    text = source.read_text().replace("length(", "lenght(", 1)
+    (tmp_path / source.name).write_text(text)
+    rule = validate_rule(tmp_path / source.name)  # validation cannot know Spark's functions
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "lenght(" in row)
+    case = load_cases(validate_rule(source))[0]
+    result = run_case(spark, rule, case)
+    assert not result.passed and "UNRESOLVED_ROUTINE" in result.message
+    assert result.message.endswith(f"dns_tunneling.sql line {line}; did you mean length()?"), result.message

@@ -199,8 +199,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.query import error_summary
     from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision, write_missing
+    from pipelines.rules.engine import analysis_error
     from pipelines.spark import get_spark
     from pipelines.terminal import Progress
 
@@ -230,7 +230,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             result = backtest(spark, Lake(home), rule, start=start, end=end,
                               ground_truth=truth if truth.is_file() else None, against=against)
         except PySparkException as exc:
-            raise ValueError(f"rule {rule.slug} fails on the tables: {rule.locate(error_summary(exc))}") from None
+            raise ValueError(f"rule {rule.slug} fails on the tables: {analysis_error(spark, rule, exc)}") from None
         progress.step(f"{rule.slug}: {len(result.alerts):,} alerts")
         if args.write:
             progress.working_on("adding the alerts the table lacks")

@@ -20,11 +20,13 @@ rules application while a micro-batch runs (`watch_rule`; `charge_in_flight` whe
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -340,6 +342,23 @@ def rule_session(spark: SparkSession, stream: Settings | None = None) -> SparkSe
     return session
 
 
+def analysis_error(spark: SparkSession, rule: Rule, exc: BaseException) -> str:
+    """Spark's error about `rule`'s SQL in one line, at the rule file's line (`Rule.locate`), with
+    the closest of Spark's functions when it names a function Spark does not know (validation
+    cannot tell: only Spark knows its functions)."""
+    text = rule.locate(error_summary(exc))
+    unknown = re.search(r"UNRESOLVED_ROUTINE\] Cannot resolve routine `([^`]+)`", text)
+    if unknown:
+        try:
+            names = [row[0] for row in spark.sql("SHOW FUNCTIONS").collect()]
+        except Exception:  # the session is gone: the error as it is
+            return text
+        close = difflib.get_close_matches(unknown[1].lower(), names, n=1)
+        if close:
+            text += f"; did you mean {close[0]}()?"
+    return text
+
+
 def logic_changed(checkpoint: Path, rule: Rule) -> str | None:
     """Why `rule` may not take its version's checkpoint (None when it may): the checkpoint was made
     by other SQL, window or keys under the same version and planned a batch with them. Told from
@@ -448,7 +467,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         # every few seconds, so that case is not an error (the stream reports it once).
         marker.unlink(missing_ok=True)
         if isinstance(exc, PySparkException):  # Spark's analysis of the SQL: said at the file's line
-            exc = RuleError(rule.locate(error_summary(exc)))
+            exc = RuleError(analysis_error(spark, rule, exc))
         # Run-once's report of the rule says it (its progress line and table): logged only in a stream,
         # whose reports come every minute.
         (log.info if once or isinstance(exc, MissingInputError) else log.error)(

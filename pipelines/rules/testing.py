@@ -39,6 +39,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, DateType, StructType, TimestampType
 
 from pipelines.rules.backtest import collect_alerts, run_batch
+from pipelines.rules.engine import analysis_error
 from pipelines.rules.spec import Rule, RuleError, yaml_problem
 from pipelines.rules.tables import table_schema
 from pipelines.schemas import ALERTS_SCHEMA
@@ -217,7 +218,7 @@ def run_case(spark: SparkSession, rule: Rule, case: Case) -> CaseResult:
     try:
         produced = collect_alerts(run_batch(spark, rule, load))
     except Exception as exc:  # a case that cannot run is a failed case, with Spark's reason
-        return CaseResult(rule.slug, case.name, False, f"query failed: {rule.locate(str(exc).splitlines()[0])}")
+        return CaseResult(rule.slug, case.name, False, f"query failed: {analysis_error(spark, rule, exc)}")
     unmatched = list(produced)
     missing = []
     for expected in case.alerts:
