@@ -373,3 +373,21 @@ def test_a_rule_whose_table_nothing_wrote_yet_waits_beside_the_end_of_input_mark
     assert "end_of_input" in stage.reads and not lake.exists("enriched_ids_alerts")
     rep = run_unless_idle(lambda: spark, lake, Settings(), stage)
     assert rep.error is None and rep.note == "waiting for input: no enriched_ids_alerts yet (not started)", rep.line()
+
+
+def test_rule_health_is_read_by_spark_from_a_status_table_delta_rs_cannot_read_alone(spark, lake):
+    from delta.tables import DeltaTable
+
+    from pipelines.lake.log import read_columns
+    from pipelines.rules.health import RuleHealth
+    from pipelines.rules.status import RuleStatus, recorded_health, utc_now
+
+    status = RuleStatus(spark, lake)
+    status.put(RuleHealth.fresh("r", "hash").failed("boom", utc_now(), max_failures=3, retry_s=60))
+    path = lake.path("rule_status")
+    DeltaTable.forPath(spark, str(path)).addFeatureSupport("deletionVectors")
+    with pytest.raises(LookupError, match="deletion vectors"):
+        read_columns(path, ["rule"])
+    health = recorded_health(lake, lambda: spark)["r"]
+    assert (health.state, health.failures, health.reason) == ("failing", 1, "boom")
+    assert health.retry_at is not None and health.retry_at.tzinfo is not None and health.retry_at > utc_now()

@@ -270,24 +270,22 @@ def _rule_status(args: argparse.Namespace):
 def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.rules.engine import file_hash, logic_changed
+    from pipelines.rules.engine import deployed_health, file_hash
     from pipelines.rules.health import DISABLED, INVALID, OK
     from pipelines.rules.status import health_of, recorded_health
+    from pipelines.spark import get_spark
 
     pack = scan_rules(rules_folder(args))
     lake = Lake(Home.resolve(args.home).existing())
-    recorded = recorded_health(lake)  # delta-rs: no JVM
+    # delta-rs, no JVM; Spark only for a table delta-rs cannot read alone.
+    recorded = recorded_health(lake, lambda: get_spark(app_name="seclake-rules-status", ui=False))
     valid = pack.by_slug()
-    deployed = {**{r.slug: r.content_hash for r in pack.rules}, **{path.stem: file_hash(path) for path in pack.errors}}
-    healths = [health_of(recorded, slug, content_hash) for slug, content_hash in sorted(deployed.items())]
-    invalid = {path.stem: reason for path, reason in pack.errors.items()}
-    for i, health in enumerate(healths):
-        if health.rule in valid:
-            rule = valid[health.rule]
-            changed = logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule)
-            healths[i] = health.invalid(changed) if changed else health.validated()
-        else:  # as the pack judges it now, whether or not a run has recorded it
-            healths[i] = health.invalid(invalid[health.rule])
+    now = {rule.slug: deployed_health(health_of(recorded, rule.slug, rule.content_hash), lake, rule)
+           for rule in pack.rules}
+    # An invalid file as the pack judges it now, whether or not a run has recorded it.
+    now.update({path.stem: health_of(recorded, path.stem, file_hash(path)).invalid(reason)
+                for path, reason in pack.errors.items()})
+    healths = [now[slug] for slug in sorted(now)]
     for health in healths:
         slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""

@@ -58,7 +58,7 @@ from pipelines.query import (
     without_codegen,
 )
 from pipelines.rules.alerts import alert_frame, detected, unseen
-from pipelines.rules.health import DISABLED, FAILING, RuleHealth
+from pipelines.rules.health import DISABLED, FAILING, INVALID, RuleHealth
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
 from pipelines.rules.status import (
@@ -373,6 +373,14 @@ def logic_changed(checkpoint: Path, rule: Rule) -> str | None:
             "bump `version` (a new version gets a new checkpoint)")
 
 
+def deployed_health(health: RuleHealth, lake: Lake, rule: Rule) -> RuleHealth:
+    """`health`, recorded for the valid `rule` as deployed, as it stands now: `invalid` when its
+    text changed under its version (`logic_changed`), else without an `invalid` verdict that the
+    rest of the pack gave it (`RuleHealth.validated`). The rule's start and `rules status` ask it."""
+    changed = logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule)
+    return health.invalid(changed) if changed else health.validated()
+
+
 def claim_checkpoint(checkpoint: Path, rule: Rule) -> str:
     """The DeltaSink app_id of this rule version's checkpoint, created with it.
 
@@ -416,15 +424,13 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             if once and marker.read_text() == "once":
                 record_failure(status, settings, rule, DIED)
             marker.unlink()
-        changed = logic_changed(checkpoint, rule)
-        if changed:
-            # The file must change (a new version) before the rule can run: invalid, not a failure
-            # that counts towards disabling it.
-            status.put(status.get(rule.slug, rule.content_hash).invalid(changed))
+        health = status.put(deployed_health(status.get(rule.slug, rule.content_hash), lake, rule))
+        if health.state == INVALID:
+            # The file must change (a new version) before the rule can run: not a failure that
+            # counts towards disabling it.
             if not once:
-                log.error("rule %s did not start: %s", rule.slug, changed)
-            return invalid_rule(rule.query_name, changed, rule.content_hash)
-        health = status.put(status.get(rule.slug, rule.content_hash).validated())
+                log.error("rule %s did not start: %s", rule.slug, health.reason)
+            return invalid_rule(rule.query_name, health.reason or "invalid", rule.content_hash)
         if not health.may_start(utc_now()):
             return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health)),
                                 IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))

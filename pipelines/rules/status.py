@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -40,27 +41,34 @@ def _log_version(path: Path) -> int:
     return max((int(n[:20]) for n in names), default=-1)
 
 
-def recorded_health(lake: Lake) -> dict[str, RuleHealth]:
-    """rule -> its newest row of `rule_status` (what file it was about aside), read by delta-rs:
-    no JVM, so `seclake rules status` answers at once. Empty before the table's first row.
+def recorded_health(lake: Lake, spark: Callable[[], SparkSession]) -> dict[str, RuleHealth]:
+    """rule -> its newest row of `rule_status` (what file it was about aside), read by delta-rs: no
+    JVM, so `seclake rules status` answers at once. A table delta-rs cannot read alone (deletion
+    vectors, column mapping: `read_columns`) is read by Spark, `spark` making the session. Empty
+    before the table's first row.
 
     >>> import tempfile
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     recorded_health(Lake(Home.resolve(tmp)))
+    ...     recorded_health(Lake(Home.resolve(tmp)), lambda: spark)
     {}
     """
     from pipelines.lake.log import read_columns
 
     if not lake.exists(RULE_STATUS_TABLE):
         return {}
+    try:
+        rows = read_columns(lake.path(RULE_STATUS_TABLE), list(lake.spec(RULE_STATUS_TABLE).schema.fieldNames())
+                            ).to_pylist()
+    except LookupError:
+        rows = [row.asDict() for row in lake.read(spark(), RULE_STATUS_TABLE).collect()]
     newest: dict[str, dict] = {}
-    for row in read_columns(lake.path(RULE_STATUS_TABLE), list(lake.spec(RULE_STATUS_TABLE).schema.fieldNames())
-                            ).to_pylist():
+    for row in rows:
         if row["rule"] not in newest or row["changed_at"] > newest[row["rule"]]["changed_at"]:
             newest[row["rule"]] = row
+    # delta-rs gives UTC times with their zone, Spark naive local ones: astimezone reads both right.
     return {rule: RuleHealth(rule, r["content_hash"], r["state"], r["failures"], r["reason"],
-                             _utc(r["retry_at"]) if r["retry_at"] else None)
+                             r["retry_at"].astimezone(timezone.utc) if r["retry_at"] else None)
             for rule, r in newest.items()}
 
 
@@ -68,11 +76,6 @@ def health_of(recorded: dict[str, RuleHealth], rule: str, content_hash: str) -> 
     """The health of `rule` as deployed now (the file with `content_hash`), from `recorded_health`."""
     found = recorded.get(rule)
     return found.for_file(content_hash) if found else RuleHealth.fresh(rule, content_hash)
-
-
-def _utc(value: datetime) -> datetime:
-    # Delta stores timestamps in UTC; delta-rs gives them with or without the zone, by version.
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 class RuleStatus:
@@ -131,7 +134,7 @@ class RuleStatus:
         return health
 
     def _load(self) -> dict[str, RuleHealth]:
-        return recorded_health(self.lake)
+        return recorded_health(self.lake, lambda: self.spark)
 
     def _platform_alert(self, health: RuleHealth, now: datetime) -> None:
         """An alert in `alerts` saying which rule stopped detecting and why."""
