@@ -86,7 +86,7 @@ class Message:
 
     ts: int
     event_id: str
-    kind: str            # "ack" | "inform" | "release" | "decline" | "mark" (end of input: cut here)
+    kind: str            # "ack" | "inform" | "release" | "decline" | "mark" (end of input: cut just after it)
     mac: str
     hostname: str | None = None
     lease_time: float | None = None   # seconds, ACK only
@@ -183,12 +183,16 @@ class IpLeases:
                 self._split(held, boundary)
 
     def _apply(self, m: Message) -> None:
-        held = self.open
         if m.kind == "mark":
-            # End of input: what is held so far comes out now; the lease stays held.
-            if held is not None and held.valid_from < m.ts:
-                self._split(held, m.ts)
+            # End of input: what is held so far comes out now, the mark's millisecond included;
+            # the lease stays held. The enriched joins' watermark then stands on the mark, and Spark
+            # drops as late a piece starting on its watermark: the next run's events of that piece
+            # would lose their device.
+            self._close_due(m.ts + 1)
+            if (held := self.open) is not None and held.valid_from <= m.ts:
+                self._split(held, m.ts + 1)
             return
+        held = self.open
         if m.kind == "inform" and held is not None and held.mac == m.mac:
             return  # the holder asking for options: its lease, not a default-length binding, goes on
         if m.kind in ("release", "decline"):
@@ -373,9 +377,10 @@ def lease_segments(dhcp: DataFrame, marks: DataFrame, settings: Settings, clock:
     """The dhcp_leases rows of a silver_dhcp stream (LEASE_SCHEMA), each emitted once, when final.
 
     `marks` are the end-of-input marks (`end_of_input.read_marks`): one addressed to an IP cuts its
-    held lease at the mark. `clock` is the DHCP clock as marks (`dhcp_clock.read_clock`), which
-    moves the watermark when DHCP is quiet; None on a checkpoint started before it. `start_leases`
-    applies it to the silver_dhcp stream and writes the result to dhcp_leases.
+    held lease just after the mark (`IpLeases`). `clock` is the DHCP clock as marks
+    (`dhcp_clock.read_clock`), which moves the watermark when DHCP is quiet; None on a checkpoint
+    started before it. `start_leases` applies it to the silver_dhcp stream and writes the result
+    to dhcp_leases.
     """
     at_mark = F.col("flush_at") + F.expr(f"INTERVAL {settings.lease_watermark}")
     cuts = marks.where(F.col("ip").isNotNull()).select(

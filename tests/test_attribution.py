@@ -193,6 +193,23 @@ def test_backfill_default_lease_and_races_without_spark():
         book.advance([Message(500 * minute, "4", "ack", "z")], until=400 * minute)
 
 
+def test_an_end_of_input_mark_cuts_just_after_itself_without_spark():
+    minute = 60_000
+    book = IpLeases("10.1.0.40", segment_ms=10 * minute)
+    out = book.advance([Message(0, "1", "ack", "d", lease_time=86400.0),
+                        Message(25 * minute, "mark", "mark", "")], until=30 * minute)
+    # The mark's millisecond is in the piece that comes out; the next piece starts after it.
+    assert [(s.valid_from, s.valid_to, s.end_reason) for s in out] == [
+        (0, 10 * minute, "split"), (10 * minute, 20 * minute, "split"), (20 * minute, 25 * minute + 1, "split")]
+    assert book.open is not None and book.open.valid_from == 25 * minute + 1
+    # A piece boundary on the millisecond after the mark closes there; no empty piece follows.
+    book = IpLeases("10.1.0.40", segment_ms=10 * minute)
+    out = book.advance([Message(0, "1", "ack", "d", lease_time=86400.0),
+                        Message(10 * minute - 1, "mark", "mark", "")], until=12 * minute)
+    assert [(s.valid_from, s.valid_to) for s in out] == [(0, 10 * minute)]
+    assert book.open is not None and book.open.valid_from == 10 * minute
+
+
 def test_a_finer_cut_changes_the_rows_not_the_holder_at_any_time():
     # Random DHCP on three addresses (grants, renewals, reassignments, RELEASEs, INFORMs), advanced
     # in random steps as watermarks do: with a 1-minute cut, all but the last minute held before
@@ -274,10 +291,10 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
                                                   (MAC["informer"], "08:00", "09:00", "inform", "expire")]
     pieces = lake.read(spark, "dhcp_leases").selectExpr("max(valid_to - valid_from) AS longest").first().longest
     assert pieces <= dt.timedelta(minutes=10)  # lease_piece: a held lease comes out piece by piece
-    # The day-long lease of 10.1.0.40 is still held at the end of the input: cut at the mark.
+    # The day-long lease of 10.1.0.40 is still held at the end of the input: cut just after the mark.
     flush_at = at(13, 30).replace(tzinfo=None) + dt.timedelta(milliseconds=1)  # after the newest event
     last = lake.read(spark, "dhcp_leases").where("ip = '10.1.0.40'").orderBy("valid_from").collect()[-1]
-    assert (last.mac, last.valid_to, last.end_reason) == (MAC["E"], flush_at, "split")
+    assert (last.mac, last.valid_to, last.end_reason) == (MAC["E"], flush_at + dt.timedelta(milliseconds=1), "split")
     assert all(r.late_rows == 0 for r in reports.values())
 
     # Rows later than the watermark are dropped by the queries, counted and recorded (they stay in silver).
@@ -288,6 +305,25 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     late = {(r.query, r.late_rows) for r in lake.read(spark, "late_events").collect()}
     assert late == {("dhcp_leases", 1), ("enriched_conn", 1)}
     assert "late-conn" not in attributed(spark, lake, "enriched_conn")
+
+
+def test_a_lease_held_across_run_onces_attributes_the_next_runs_events(spark, tmp_path):
+    """A run-once cuts a held lease at its end-of-input mark, where the enriched join's watermark
+    then stands. The lease's next piece, written by the next run-once, must not start on that
+    watermark: Spark dropped it as late (30 'late rows' per enriched table in an analyst's
+    walk-through) and the next run's first events on the address had no device."""
+    lake = Lake(Home.resolve(tmp_path).create())
+    commit(lake, "silver_dhcp", [dhcp("d1", at(8), MAC["D"], ["ACK"], assigned="10.1.0.40", lease=86400.0)])
+    commit(lake, "silver_conn", [event("c1", at(9), "10.1.0.40")])
+    reports = run_stages(spark, lake, SETTINGS, ("enriched_conn",))
+    assert all(r.late_rows == 0 for r in reports.values())
+    # The next run-once: events just after the mark and later, no new DHCP line.
+    commit(lake, "silver_conn", [event("c2", at(9) + dt.timedelta(milliseconds=2), "10.1.0.40"),
+                                 event("c3", at(9, 5), "10.1.0.40")])
+    reports = run_stages(spark, lake, SETTINGS, ("enriched_conn",))
+    assert {name: r.late_rows for name, r in reports.items() if r.late_rows} == {}
+    assert not lake.exists("late_events") or lake.read(spark, "late_events").count() == 0
+    assert attributed(spark, lake, "enriched_conn") == {"c1": MAC["D"], "c2": MAC["D"], "c3": MAC["D"]}
 
 
 def test_same_result_in_small_shuffled_batches_with_dhcp_after_events(spark, tmp_path):
