@@ -1,7 +1,7 @@
 /*
 id: bb5ac140-6712-439e-bd9b-b66dc4abdecf
 name: DNS lookup of a threat-intel domain
-version: 1
+version: 2
 severity: high
 mitre: [T1071.004, T1568]
 description: >
@@ -54,6 +54,7 @@ SELECT
     count(*) AS lookups,
     min(feed) AS feed,
     concat(coalesce(device, src_ip), ' resolved ', min(name), ', listed by ', min(feed), ' as ', indicator,
-           ' (', count(*), ' lookup(s) that day)') AS evidence
+           ' (', count(*), ' lookup(s) between ', date_format(min(event_time), 'HH:mm'), ' and ',
+           date_format(max(event_time), 'HH:mm'), ' UTC)') AS evidence
 FROM hits
 GROUP BY src_ip, mac, device, owner, indicator, window(event_time, '1 day')

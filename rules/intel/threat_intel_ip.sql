@@ -1,7 +1,7 @@
 /*
 id: cfa03269-307e-49a0-96fe-8fb38b918816
 name: Connection with a threat-intel IP address
-version: 1
+version: 2
 severity: high
 mitre: [T1071]
 description: >
@@ -47,6 +47,8 @@ SELECT
     count(*) AS connections,
     min(feed) AS feed,
     concat(coalesce(device, src_ip), ' exchanged ', count(*), ' connection(s) ', min(direction), ' ', indicator,
-           ' (port ', coalesce(cast(min(dst_port) AS string), 'unknown'), '), listed by ', min(feed)) AS evidence
+           ' (port ', coalesce(cast(min(dst_port) AS string), 'unknown'), ') between ',
+           date_format(min(event_time), 'HH:mm'), ' and ', date_format(max(event_time), 'HH:mm'),
+           ' UTC, listed by ', min(feed)) AS evidence
 FROM hits
 GROUP BY src_ip, mac, device, owner, indicator, window(event_time, '1 day')
