@@ -198,6 +198,10 @@ def describe(message: str, text: str, edits: list[tuple[int, int, int]], *, synt
     ...          text, edits, syntax=True)
     "syntax error at line 2, pos 24: near 'x'."
     """
+    if "COLUMN_IS_NOT_VARIANT_TYPE" in message:
+        # Spark 4.2 lacks the text of its own error here ("Cannot find main error class ...").
+        return ("`column:field` reads a field of a VARIANT column, and the column is not one; for JSON "
+                "text such as alerts.details write parse_json(details):field or get_json_object(details, '$.field')")
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     first = re.sub(r"^\[[A-Z_.]+\]\s*", "", lines[0] if lines else "failed")
     first = re.split(r"\s*SQLSTATE:", first)[0].rstrip(" ;")
