@@ -181,6 +181,15 @@ def test_errors_print_one_line_and_exit_2(capsys, home, argv, expected):
     assert "Traceback" not in err and "org.apache" not in err and "SQLSTATE" not in err
 
 
+def test_statements_on_stdin_run_in_order_up_to_the_first_that_fails(capsys, home, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(
+        "SELECT count(*) AS n FROM silver_dns;\nSELECT count(*) FROM nosuch;\nSELECT 1 AS never;\n"))
+    code, out, err = run_cli(capsys, "sql", "--home", str(home.root), "--format", "csv")
+    assert code == 2 and out.startswith("n\n") and "never" not in out
+    assert err.strip() == ("seclake sql: statement 2 of 3 failed; the 1 after it not run: unknown table 'nosuch' "
+                           "(known: silver_dns)")
+
+
 def test_a_home_without_tables_is_one_line_before_spark(capsys, tmp_path):
     code, _, err = run_cli(capsys, "sql", "--home", str(tmp_path / "nowhere"), "SELECT 1")
     assert code == 2 and err.strip() == f"seclake sql: {tmp_path / 'nowhere'} is not a seclake home " \

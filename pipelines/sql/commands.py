@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.sql.database import Database, connect
+from pipelines.sql.database import Database, SqlError, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
 from pipelines.sql.shell import Shell, readline_input
@@ -40,7 +40,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
     for i, statement in enumerate(statements):
         if i:
             print()
-        write_frame(db, db.sql(statement, as_of=as_of), args.format, args.limit, sys.stdout, sys.stderr)
+        try:
+            write_frame(db, db.sql(statement, as_of=as_of), args.format, args.limit, sys.stdout, sys.stderr)
+        except SqlError as exc:
+            if len(statements) == 1:
+                raise
+            rest = len(statements) - i - 1
+            not_run = f"; the {rest} after it not run" if rest else ""
+            raise SqlError(f"statement {i + 1} of {len(statements)} failed{not_run}: {exc}") from exc
     return 0
 
 
@@ -94,7 +101,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     sql = sub.add_parser(
         "sql", help="query the tables with Spark SQL (one statement, or an interactive shell)",
         description="Run Spark SQL over every created table, each read at one committed snapshot. "
-                    "Without QUERY: an interactive shell on a terminal, else the statements on stdin.")
+                    "Without QUERY: an interactive shell on a terminal, else the statements on stdin, "
+                    "run in order up to the first that fails.")
     home_arg(sql)
     sql.add_argument("query", nargs="?", metavar="QUERY",
                      help='e.g. "SELECT query, count(*) c FROM silver_dns GROUP BY query ORDER BY c DESC LIMIT 10"')
