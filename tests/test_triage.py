@@ -39,11 +39,11 @@ def lake(spark, tmp_path) -> Lake:
 
 
 def test_changes_merge_into_one_row_per_alert_and_notes_accumulate(spark, lake):
-    first = apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", note="looking", by="ana"), now=T0)
+    first = apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", note="looking", by="ana"), now=T0).version
     apply(spark, lake, ["aaaa11110", "bbbb22220"], Change(assignee="bo", by="ana"), now=T0 + timedelta(minutes=1))
     last = apply(spark, lake, ["aaaa11110"], Change(status="closed", note="benign: updater", by="bo"),
-                 now=T0 + timedelta(minutes=2))
-    assert last == first + 2
+                 now=T0 + timedelta(minutes=2)).version
+    assert first is not None and last == first + 2
     state = {r.alert_id[:9]: r for r in lake.read(spark, TRIAGE_TABLE).collect()}
     assert sorted(state) == ["aaaa11110", "bbbb22220"]  # one row per touched alert
     closed = state["aaaa11110"]
@@ -57,12 +57,19 @@ def test_changes_merge_into_one_row_per_alert_and_notes_accumulate(spark, lake):
     assert [h.operation for h in history if h.version >= first] == ["MERGE"] * 3
     before = {r.alert_id[:9]: r.status for r in lake.read(spark, TRIAGE_TABLE, version=first).collect()}
     assert before == {"aaaa11110": "acknowledged"}
+    # A change that would leave an alert as it is writes nothing for it: no commit of nothing.
+    again = apply(spark, lake, ["aaaa11110", "bbbb22220"], Change(assignee="bo", by="ana"))
+    assert (again.version, again.changed, len(again.unchanged)) == (None, [], 2)
+    reopened = apply(spark, lake, ["aaaa11110", "cccc33330"], Change(status="open", by="ana"))
+    assert (reopened.version, [i[:9] for i in reopened.changed]) == (last + 1, ["aaaa11110"])
+    assert [i[:9] for i in reopened.unchanged] == ["cccc33330"]  # never triaged: open already
+    assert apply(spark, lake, ["cccc33330"], Change(status="open", note="seen", by="ana")).version == last + 2
 
 
 def test_ids_must_name_exactly_one_alert(spark, lake):
     assert resolve_ids(spark, lake, ["cccc3333", ALERTS[0][0]]) == [ALERTS[3][0], ALERTS[0][0]]
-    with pytest.raises(ValueError, match="aaaa"):  # too short
-        resolve_ids(spark, lake, ["aaaa"])
+    with pytest.raises(ValueError, match=r"aaaa \(give at least 8 characters\); dddd4444 \(no such alert\)"):
+        resolve_ids(spark, lake, ["aaaa", "dddd4444"])  # each bad id named
     with pytest.raises(ValueError, match=r"aaaa1111 \(2 alerts match\); dddd4444 \(no such alert\)"):
         resolve_ids(spark, lake, ["aaaa1111", "cccc33330", "dddd4444"])
     with pytest.raises(ValueError, match="dddd4444"):
@@ -175,7 +182,14 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     mac = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
     gone = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
     ended = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
-    expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
+    version = expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
+    assert isinstance(version, int)
+    # Ended already (by hand, or past its expires_at): said with when, nothing written.
+    assert expire(spark, lake, ended, now=T0 + timedelta(minutes=9)) == T0 + timedelta(minutes=5)
+    assert expire(spark, lake, gone, now=T0 + timedelta(hours=2)) == T0 + timedelta(hours=1)
+    from delta.tables import DeltaTable
+
+    assert DeltaTable.forPath(spark, str(lake.path("suppressions"))).history(1).first().version == version
     later = T0 + timedelta(hours=2)
     marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake, at=later).collect()}
     # the CIDR covers .4-.5 for one rule; the MAC one every rule; the expired ones nothing.

@@ -191,8 +191,11 @@ def cmd_suppress_expire(args: argparse.Namespace) -> int:
 
     spark, lake = _spark_and_lake(args)
     version = expire(spark, lake, args.suppression)
-    print(f"suppression {args.suppression} expired (suppressions v{version}); alerts written from now on "
-          "are no longer marked by it")
+    if isinstance(version, datetime):
+        print(f"suppression {args.suppression} already ended at {version:%Y-%m-%d %H:%M} UTC: nothing written")
+    else:
+        print(f"suppression {args.suppression} expired (suppressions v{version}); alerts written from now on "
+              "are no longer marked by it")
     return 0
 
 
@@ -262,7 +265,12 @@ def cmd_change(args: argparse.Namespace) -> int:
     change = Change(status=args.status, assignee=getattr(args, "to", None), note=args.note,
                     by=args.by or getpass.getuser())
     spark, lake = _spark_and_lake(args)
-    version = apply(spark, lake, args.alerts, change)
+    applied = apply(spark, lake, args.alerts, change)
     what = f"status {change.status}" if change.status else f"assigned to {change.assignee}"
-    print(f"{len(args.alerts)} alert(s): {what}{' with a note' if change.note else ''} (alert_triage v{version})")
+    already = f"{len(applied.unchanged)} alert(s) already {what.removeprefix('status ')}"
+    if applied.version is None:
+        print(f"{already}: nothing written")
+    else:
+        print(f"{len(applied.changed)} alert(s): {what}{' with a note' if change.note else ''} "
+              f"(alert_triage v{applied.version})" + (f"; {already}" if applied.unchanged else ""))
     return 0

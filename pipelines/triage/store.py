@@ -3,7 +3,7 @@
 An alert with no row is `open`. A change names alerts by id or by a unique prefix of at least
 `MIN_PREFIX` characters (as `seclake alerts list` shows them); it sets the status and/or the
 assignee and may add a note; notes accumulate, the rest is replaced. Every change is one MERGE
-commit, so `DESCRIBE HISTORY alert_triage` and time travel give the earlier states.
+commit (an alert it would leave as it is is not written), so `DESCRIBE HISTORY alert_triage` and time travel give the earlier states.
 """
 from __future__ import annotations
 
@@ -44,18 +44,18 @@ def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
     that is too short, unknown or ambiguous."""
     if not lake.exists(ALERTS_TABLE):
         raise ValueError(f"no alerts table in {lake.home.root}: run the pipeline first")
-    short = [g for g in given if len(g) < MIN_PREFIX]
-    if short:
-        raise ValueError(f"alert id(s) {', '.join(short)}: give at least {MIN_PREFIX} characters")
     condition = F.lit(False)
     for prefix in given:
-        condition = condition | F.col("alert_id").startswith(prefix)
+        if len(prefix) >= MIN_PREFIX:
+            condition = condition | F.col("alert_id").startswith(prefix)
     matching = lake.read(spark, ALERTS_TABLE).where(condition).select("alert_id").distinct()
     found = [r.alert_id for r in matching.collect()]
     resolved, problems = [], []
     for prefix in given:
         matches = sorted(a for a in found if a.startswith(prefix))
-        if len(matches) == 1:
+        if len(prefix) < MIN_PREFIX:
+            problems.append(f"{prefix} (give at least {MIN_PREFIX} characters)")
+        elif len(matches) == 1:
             resolved.append(matches[0])
         else:
             problems.append(f"{prefix} ({'no such alert' if not matches else f'{len(matches)} alerts match'})")
@@ -64,24 +64,53 @@ def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
     return list(dict.fromkeys(resolved))
 
 
+@dataclass(frozen=True)
+class Applied:
+    """What `apply` did: the alert_triage version it wrote (None: nothing), the alerts it changed,
+    and those already as the change would leave them (nothing written for them)."""
+
+    version: int | None
+    changed: list[str]
+    unchanged: list[str]
+
+
 def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
-          now: datetime | None = None) -> int:
-    """Apply `change` to the alerts `alert_ids` name (see `resolve_ids`) in one MERGE; the version."""
+          now: datetime | None = None) -> Applied:
+    """Apply `change` to the alerts `alert_ids` name (see `resolve_ids`) in one MERGE. An alert the
+    change would leave as it is (closing a closed one, no note) is not written: no commit of nothing."""
     from pipelines.lake.merge import upsert
 
-    ids = resolve_ids(spark, lake, alert_ids)
+    resolved = resolve_ids(spark, lake, alert_ids)
+    ids = resolved if change.note else _changing(spark, lake, resolved, change)
+    unchanged = [i for i in resolved if i not in ids]
+    if not ids:
+        return Applied(None, [], unchanged)
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     note = [(at, change.by, change.note)] if change.note else []
     schema = lake.spec(TRIAGE_TABLE).schema
     rows = spark.createDataFrame([(i, change.status, change.assignee, note, change.by, at) for i in ids], schema)
     lake.ensure(spark, TRIAGE_TABLE)
-    return upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
-                  update={"status": "coalesce(s.status, t.status)", "assignee": "coalesce(s.assignee, t.assignee)",
-                          "notes": "concat(coalesce(t.notes, array()), s.notes)",
-                          "updated_by": "s.updated_by", "updated_at": "s.updated_at"},
-                  insert={"alert_id": "s.alert_id", "status": f"coalesce(s.status, '{OPEN}')",
-                          "assignee": "s.assignee", "notes": "s.notes", "updated_by": "s.updated_by",
-                          "updated_at": "s.updated_at"})
+    version = upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
+                     update={"status": "coalesce(s.status, t.status)",
+                             "assignee": "coalesce(s.assignee, t.assignee)",
+                             "notes": "concat(coalesce(t.notes, array()), s.notes)",
+                             "updated_by": "s.updated_by", "updated_at": "s.updated_at"},
+                     insert={"alert_id": "s.alert_id", "status": f"coalesce(s.status, '{OPEN}')",
+                             "assignee": "s.assignee", "notes": "s.notes", "updated_by": "s.updated_by",
+                             "updated_at": "s.updated_at"})
+    return Applied(version, ids, unchanged)
+
+
+def _changing(spark: SparkSession, lake: Lake, ids: list[str], change: Change) -> list[str]:
+    """The alerts of `ids` whose status or assignee `change` (without a note) would change."""
+    now: dict[str, tuple[str, str | None]] = {}
+    if lake.exists(TRIAGE_TABLE):
+        rows = (lake.read(spark, TRIAGE_TABLE).where(F.col("alert_id").isin(ids))
+                .select("alert_id", "status", "assignee"))
+        now = {r.alert_id: (r.status, r.assignee) for r in rows.collect()}
+    return [i for i in ids
+            if (change.status is not None and now.get(i, (OPEN, None))[0] != change.status)
+            or (change.assignee is not None and now.get(i, (OPEN, None))[1] != change.assignee)]
 
 
 def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:

@@ -67,14 +67,19 @@ def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime
     return ident
 
 
-def expire(spark: SparkSession, lake: Lake, ident: str, now: datetime | None = None) -> int:
-    """End suppression `ident` now (one MERGE); the table version. ValueError names an unknown id."""
+def expire(spark: SparkSession, lake: Lake, ident: str, now: datetime | None = None) -> int | datetime:
+    """End suppression `ident` now (one MERGE): the table version; or, writing nothing, when it
+    had already ended (expired before, or past its `expires_at`). ValueError names an unknown id."""
     from pipelines.lake.merge import upsert
 
-    if not lake.exists(SUPPRESSIONS_TABLE) or lake.read(spark, SUPPRESSIONS_TABLE).where(
-            F.col("suppression_id") == ident).isEmpty():
+    found = [] if not lake.exists(SUPPRESSIONS_TABLE) else lake.read(spark, SUPPRESSIONS_TABLE).where(
+        F.col("suppression_id") == ident).select("expired_at", "expires_at").collect()
+    if not found:
         raise ValueError(f"no suppression {ident!r} (seclake suppress list shows them)")
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    ended = [t.astimezone(timezone.utc) for t in found[0] if t is not None]
+    if ended and min(ended) <= at:
+        return min(ended)
     rows = spark.createDataFrame([(ident, at)], "suppression_id string, expired_at timestamp")
     return upsert(spark, lake.path(SUPPRESSIONS_TABLE), rows, "suppression_id",
                   update={"expired_at": "coalesce(t.expired_at, s.expired_at)"}, insert={})
