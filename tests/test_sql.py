@@ -170,6 +170,8 @@ def test_named_parameters_fill_markers(db):
     (["CREATE TEMPORARY VIEW v USING parquet OPTIONS (path '/etc')"], "read-only: 'CREATE'"),
     (["WITH x AS (SELECT 1 AS a) INSERT INTO silver_dns SELECT * FROM x"], "sandbox: INSERT is not allowed"),
     (["SELECT raise_error('boom') FROM silver_dns"], "boom"),
+    ([".schema silver_dns"], "'.schema' is a command of the interactive shell"),
+    (["SHOW TABLES"], "SHOW is not run here: `seclake tables`"),
     (["SELECT query:label FROM silver_dns"], "`column:field` reads a field of a VARIANT column"),
 ])
 def test_errors_print_one_line_and_exit_2(capsys, home, argv, expected):

@@ -100,6 +100,12 @@ def inspect(text: str) -> Found:
         typo = difflib.get_close_matches(word, _READING_WORDS, n=1, cutoff=0.75)
         if typo:
             raise SqlError(f"{word!r} is not a statement; did you mean {typo[0]}? {starts}")
+        if code.lstrip().startswith("."):
+            raise SqlError(f"{code.split()[0]!r} is a command of the interactive shell (`seclake sql` with no "
+                           "query, on a terminal), not SQL")
+        if word == "SHOW":
+            raise SqlError("SHOW is not run here: `seclake tables` (or .tables in the shell) lists the tables, "
+                           "DESCRIBE <table> gives its columns")
         raise SqlError(f"read-only: {word or text.strip()[:20]!r} statements are not allowed {starts}")
     explain = _EXPLAIN_RE.match(code)
     if explain:  # sqlglot keeps EXPLAIN's statement as one opaque string: look inside it

@@ -3,7 +3,8 @@
 An alert with no row is `open`. A change names alerts by id or by a unique prefix of at least
 `MIN_PREFIX` characters (as `seclake alerts list` shows them); it sets the status and/or the
 assignee and may add a note; notes accumulate, the rest is replaced. Every change is one MERGE
-commit (an alert it would leave as it is is not written), so `DESCRIBE HISTORY alert_triage` and time travel give the earlier states.
+commit (an alert it would leave as it is is not written), so `DESCRIBE HISTORY alert_triage`
+and time travel give the earlier states.
 """
 from __future__ import annotations
 
