@@ -88,6 +88,7 @@ def test_queue_filters_and_puts_the_most_severe_and_newest_first(spark, lake):
     assert ids(queue(spark, lake, ("open",))) == ["cccc33330", "aaaa11110"]
     assert ids(queue(spark, lake, ("open", "acknowledged", "closed"), host="laptop-5")) == ["bbbb22220", "aaaa11110"]
     assert ids(queue(spark, lake, host="AA:BB:CC:00:00:06")) == ["aaaa11119"]
+    assert ids(queue(spark, lake, ("closed",), host="LAPTOP-5")) == ["bbbb22220"]  # names in any case, as MACs
     assert ids(queue(spark, lake, rule=RULE_IDS["dga_nxdomain_burst"])) == ["aaaa11110"]
     assert ids(queue(spark, lake, severity="critical")) == ["cccc33330"]
     assert ids(queue(spark, lake, since=T0 + timedelta(hours=1))) == ["cccc33330", "aaaa11119"]

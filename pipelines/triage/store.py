@@ -141,7 +141,7 @@ def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, AC
           rule: str | None = None, severity: str | None = None, host: str | None = None,
           since: datetime | None = None, suppressed: bool = False) -> DataFrame:
     """The alerts to look at: filtered by status, rule id, severity, host (IP, MAC or device
-    name) and window start, most severe first, newest first within a severity. Suppressed
+    name; MAC and name in any case) and window start, most severe first, newest first within a severity. Suppressed
     alerts only with `suppressed`."""
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
@@ -154,7 +154,8 @@ def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, AC
     if severity:
         frame = frame.where(F.col("severity") == severity)
     if host:
-        frame = frame.where((F.col("src_ip") == host) | (F.lower("mac") == host.lower()) | (F.col("device") == host))
+        frame = frame.where((F.col("src_ip") == host) | (F.lower("mac") == host.lower())
+                            | (F.lower("device") == host.lower()))
     if since is not None:
         frame = frame.where(F.col("window_start") >= F.lit(since.astimezone(timezone.utc)))
     rank = F.coalesce(F.array_position(F.array(*[F.lit(s) for s in SEVERITIES]), F.col("severity")), F.lit(99))
