@@ -236,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"seclake {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the object store's clients (pyarrow, delta-rs): endpoint, credentials
+        from pipelines.objectstore.path import store_error
+
+        print(f"seclake {args.command}: {store_error(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:
         # A Spark error's message carries its plan and stack: its first line says it. (No import
         # of pyspark here: commands that start no JVM do not load it.)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.objectstore.path import ObjectPath, configured_lake
+from pipelines.objectstore.path import ObjectPath, check_reachable, configured_lake
 
 DEFAULT_HOME = "seclake-home"
 LAKE_FILE = "lake"
@@ -92,7 +92,10 @@ class Home:
         return self
 
     def create(self) -> "Home":
-        """Create the standard sub-folders (idempotent), record a lake on object storage, return self."""
+        """Create the standard sub-folders (idempotent), record a lake on object storage once it
+        is reached (`check_reachable`), return self."""
+        if self.lake is not None and not (self.root / LAKE_FILE).exists():
+            check_reachable(self.lake)
         for d in (self.landing, self.tables, self.checkpoints, self.reference):
             d.mkdir(parents=True, exist_ok=True)
         if self.lake is not None and not (self.root / LAKE_FILE).exists():

@@ -93,6 +93,29 @@ def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_pat
         Home.resolve(tmp_path / "local")
 
 
+def test_a_lake_that_cannot_be_reached_is_one_line_and_never_recorded(on_server, tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+    from pipelines.servers import free_port
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SECLAKE_LAKE", "s3a://nolake/seclake")
+    with pytest.raises(ValueError, match="bucket 'nolake' does not exist at http://"):
+        Home.resolve(home).create()
+    assert not (home / "lake").exists()  # the mistyped lake is not the home's from now on
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/seclake")
+    with pytest.raises(ValueError, match=r"cannot reach the lake s3a://lake/seclake .*ACCESS_DENIED.*check SECLAKE_S3"):
+        Home.resolve(home).create()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", on_server.environment()["AWS_SECRET_ACCESS_KEY"])
+    Home.resolve(home).create()  # the corrected settings are taken and recorded
+    assert (home / "lake").read_text().strip() == "s3a://lake/seclake"
+    # A store that does not answer: one line, not pyarrow's traceback.
+    monkeypatch.setenv("SECLAKE_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    assert main(["tables", "--home", str(home)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("seclake tables: ") and "check SECLAKE_S3_ENDPOINT" in err and "\n" not in err, err
+
+
 def _start(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

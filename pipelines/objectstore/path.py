@@ -197,6 +197,37 @@ def configured_lake() -> ObjectPath | None:
     return ObjectPath.from_uri(uri) if uri else None
 
 
+def check_reachable(lake: ObjectPath) -> None:
+    """ValueError in one line when `lake`'s bucket cannot be used: the endpoint not answering, the
+    credentials refused, the bucket missing. Asked before a home records its lake, so a mistyped
+    setting is not recorded as the home's lake."""
+    from pyarrow.fs import FileType
+
+    bucket = lake.key.split("/", 1)[0]
+    where = environment.s3_endpoint() or "AWS S3"
+    try:
+        kind = client().get_file_info(bucket).type
+    except OSError as exc:
+        raise ValueError(f"cannot reach the lake {lake} at {where}: {store_error(exc)}") from None
+    if kind == FileType.NotFound:
+        raise ValueError(f"the lake {lake}: bucket {bucket!r} does not exist at {where}; create it, "
+                         "or fix SECLAKE_LAKE")
+
+
+def store_error(exc: OSError) -> str:
+    """An object store client's error in one line, with what to check when it came from the store.
+
+    >>> store_error(OSError("AWS Error ACCESS_DENIED during HeadObject operation: No response body."))
+    ... # doctest: +ELLIPSIS
+    'AWS Error ACCESS_DENIED during HeadObject operation: No response body. (check SECLAKE_S3_ENDPOINT...)'
+    """
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else type(exc).__name__
+    if any(mark in text for mark in ("AWS Error", "S3 error", "s3a://", "169.254.169.254")):
+        first += " (check SECLAKE_S3_ENDPOINT and the AWS_* credentials; docs/deploy.md)"
+    return first
+
+
 def on_object_store(location: str | os.PathLike) -> bool:
     return isinstance(as_path(location), ObjectPath)
 
