@@ -8,6 +8,7 @@ import signal
 import socketserver
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import IO
@@ -62,6 +63,9 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.catalogImplementation": "in-memory",
+    # Spark makes its warehouse folder at start wherever the command runs (`./spark-warehouse`);
+    # nothing is written there (tables are registered by path), so out of the user's folder.
+    "spark.sql.warehouse.dir": os.path.join(tempfile.gettempdir(), "seclake-spark-warehouse"),
     # A snapshot's log is small here; Delta's default of 50 partitions to rebuild it means 50
     # tasks on 2 cores for every table opened.
     "spark.databricks.delta.snapshotPartitions": "2",

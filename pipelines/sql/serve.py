@@ -83,6 +83,8 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # the session above started it
     jvm.seclake.sandbox.SqlSandbox.trust(spark._jsparkSession)  # this session registers the tables
+    # The Thrift server's Hive client starts Derby, which writes ./derby.log where the command runs.
+    jvm.java.lang.System.setProperty("derby.stream.error.file", str(lake.home.root / "derby.log"))
     lake.register(spark)
     try:
         server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithSparkSession(
