@@ -229,7 +229,27 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         # The SparkContext installs a Ctrl-C handler that cancels every job and raises KeyboardInterrupt.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     spark.sparkContext.setLogLevel(log_level)
+    if log_level == "FATAL" and objectstore.spark_conf():
+        _quiet_sdk_logging(spark)
     return spark
+
+
+def _quiet_sdk_logging(spark: SparkSession) -> None:
+    """Start the AWS SDK's own SLF4J (1.x, shaded in its bundle) with the JVM's stderr muted.
+
+    It looks for an SLF4J 1.x binding, finds Spark's SLF4J 2 instead, and prints three
+    "SLF4J: Failed to load class" lines the first time S3A logs; it then keeps its no-op logger,
+    so started once here, every later use is quiet.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a live session
+    system = jvm.java.lang.System
+    stderr = system.err
+    system.setErr(jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
+    try:
+        jvm.software.amazon.awssdk.thirdparty.org.slf4j.LoggerFactory.getILoggerFactory()
+    finally:
+        system.setErr(stderr)
 
 
 def driver_java_options(log_level: str, record_archive: bool = False) -> str:

@@ -176,6 +176,7 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
     drained = subprocess.run(seclake("run-once", "--home", str(home.root), *KILL_WATERMARKS), cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=1800)
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
+    assert "SLF4J" not in drained.stderr, drained.stderr[-3000:]  # the AWS SDK's own SLF4J kept quiet
     assert_nothing_late(home)
     assert row_keys(local_reference.table("alerts"), "alerts"), "the reference raised no alert: a vacuous check"
     compare_with_reference(home, local_reference, manifest, exact=(*etl.etl_tables(), "alerts"))
