@@ -94,10 +94,11 @@ class Home:
     def create(self) -> "Home":
         """Create the standard sub-folders (idempotent), record a lake on object storage once it
         is reached (`check_reachable`), return self."""
-        if self.lake is not None and not (self.root / LAKE_FILE).exists():
-            check_reachable(self.lake)
+        unrecorded = self.lake if not (self.root / LAKE_FILE).exists() else None
+        if unrecorded is not None:
+            check_reachable(unrecorded)
         for d in (self.landing, self.tables, self.checkpoints, self.reference):
             d.mkdir(parents=True, exist_ok=True)
-        if self.lake is not None and not (self.root / LAKE_FILE).exists():
-            (self.root / LAKE_FILE).write_text(f"{self.lake}\n")
+        if unrecorded is not None:
+            (self.root / LAKE_FILE).write_text(f"{unrecorded}\n")
         return self

@@ -217,7 +217,8 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     settings["spark.driver.extraJavaOptions"] = driver_java_options(log_level)
     settings["spark.executor.extraJavaOptions"] = JVM_OPTIONS
     settings["spark.jars"] = ",".join(str(p) for p in delta_jars())
-    for more in (local_fs_conf(), objectstore.spark_conf(), conf or {}):
+    s3a = objectstore.spark_conf()
+    for more in (local_fs_conf(), s3a, conf or {}):
         settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     _start_jvm(master, app_name, settings)
@@ -229,7 +230,7 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         # The SparkContext installs a Ctrl-C handler that cancels every job and raises KeyboardInterrupt.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     spark.sparkContext.setLogLevel(log_level)
-    if log_level == "FATAL" and objectstore.spark_conf():
+    if log_level == "FATAL" and s3a:
         _quiet_sdk_logging(spark)
     return spark
 
