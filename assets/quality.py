@@ -4,7 +4,8 @@ No Dagster imports: `assets/checks.py` wraps these as asset checks, and the modu
 `pipelines/` unchanged. Suites are derived from each table's registry schema by column name, so
 a new table gets its expectations without code:
 
-- not null: `event_id`, `event_time`, `event_date` (and the key columns of `dhcp_leases`);
+- not null: `event_id`, `event_time`, `event_date` (and the key columns of `dhcp_leases` and
+  `dhcp_clock`);
 - valid IP: `*_ip`, `*_addr`, `ip`; valid MAC (lower-case, colon-separated): `mac`, `*_mac`;
   ports in 0..65535;
 - value sets: `proto`, `severity` (1-4), `source`, `qtype_name`, `conn_state`.
@@ -58,8 +59,8 @@ CONN_STATES = ["S0", "S1", "SF", "REJ", "S2", "S3", "RSTO", "RSTR", "RSTOS0", "R
                "new", "established", "closed", "bypassed", "local_bypassed", "capture_bypassed"]
 
 NOT_NULL = ("event_id", "event_time", "event_date", "alert_id")
-# Key columns of tables without event ids.
-NOT_NULL_BY_TABLE = {"dhcp_leases": ("ip", "mac", "valid_from")}
+# Key columns of tables without event ids (the clock's would otherwise have no expectation at all).
+NOT_NULL_BY_TABLE = {"dhcp_leases": ("ip", "mac", "valid_from"), "dhcp_clock": ("clock", "written_at")}
 
 PANDAS_MAX_ROWS = 200_000
 DEFAULT_MAX_QUARANTINE_RATIO = 0.05

@@ -34,6 +34,7 @@ from dagster import (
 
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_asset, start_op, table_key
+from pipelines.lake.log import read_columns, tally
 from pipelines.lake.registry import Lake
 from pipelines.rules.pack import default_rules_dir
 from pipelines.rules.spec import query_name
@@ -80,6 +81,22 @@ def _rule_metadata(rule) -> dict:
 RULES_OP = "rules"
 
 
+def alerts_by_rule(lake: Lake) -> dict[str, int] | None:
+    """Rows of `alerts` per `rule_id`, counted by delta-rs from that column alone (a rule asset's
+    "Row count": the alerts it has raised); None when delta-rs cannot read the table alone.
+
+    >>> from assets.resources import LakeResource
+    >>> alerts_by_rule(LakeResource(home="/nonexistent").lake)
+    {}
+    """
+    if not lake.exists(ALERTS_TABLE):
+        return {}
+    try:
+        return {rule_id: n for rule_id, n in tally(read_columns(lake.path(ALERTS_TABLE), ["rule_id"]), ["rule_id"])}
+    except LookupError:
+        return None
+
+
 def rules_asset(rules: list) -> AssetsDefinition:
     """The assets `rules/<slug>` of the valid rules, one op (`rules`) for them all: materialising
     any of them runs those rules' queries as run-once does, several at once
@@ -115,13 +132,18 @@ def rules_asset(rules: list) -> AssetsDefinition:
         reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings,
                                                [stages[key] for key in selected], on_report)}
         failed = []
+        raised = alerts_by_rule(the_lake)
         for key in selected:
             rule, report = by_key[key], reports[stages[key].name]
             if report.error:
                 failed.append(f"{rule.slug}: {report.error}")
                 continue
-            meta = run_metadata(report, ALERTS_TABLE if ALERTS_TABLE in known else None, the_lake)
-            meta["alerts_added"] = meta.pop("rows_out", report.rows_out.get(ALERTS_TABLE, 0))
+            # The rule's own figures: the state of `alerts` as a whole is its table asset's.
+            meta = run_metadata(report, None, the_lake)
+            meta["alerts_added"] = report.rows_out.get(ALERTS_TABLE, 0)
+            meta["alerts_version"] = report.versions.get(ALERTS_TABLE, "-")
+            if raised is not None:
+                meta["dagster/row_count"] = raised.get(rule.id, 0)
             yield MaterializeResult(asset_key=key, metadata={**_rule_metadata(rule), **meta})
         if failed:
             # The others are materialised above; a retry runs the failed ones again (the others find nothing new).

@@ -57,4 +57,7 @@ def table_state_sensor(context: SensorEvaluationContext, lake: LakeResource):
     reports = changed_tables(lake.lake, {table: recorded_version(latest.get(key)) for table, key in keys.items()})
     if not reports:
         return SkipReason("every table's latest materialisation shows its current Delta version")
-    return SensorResult(asset_events=reports)
+    # A tick that requests no run is logged as skipped: its reason says what it reported instead.
+    names = ", ".join(event.asset_key.to_user_string() for event in reports)
+    return SensorResult(asset_events=reports, skip_reason=f"reported the Delta state of {len(reports)} "
+                                                          f"table(s) written outside Dagster: {names}")

@@ -108,10 +108,18 @@ def table_state(lake: Lake, table: str) -> dict:
 def run_metadata(report: QueryReport, table: str | None, lake: Lake, quarantine_table: str | None = None) -> dict:
     """Materialisation metadata of one table written by a stage's run (or the stage as a whole):
     the run's figures (`version` is the last version this run committed, `-` if none) and the
-    table's state after it (`table_state`)."""
+    table's state after it (`table_state`). What went in is counted as the report counts it: the
+    ETL's `files_in` and `data_lines_in` (`QueryReport.read`), the other stages' `rows_in`.
+
+    >>> report = QueryReport("etl", batches=1, rows_in=8, read={"files": 4, "data lines": 5936})
+    >>> meta = run_metadata(report, None, LakeResource(home="/nonexistent").lake)
+    >>> {k: v for k, v in meta.items() if k.endswith("_in")}
+    {'files_in': 4, 'data_lines_in': 5936}
+    """
+    read = {f"{unit.replace(' ', '_')}_in": n for unit, n in report.read.items()}
     meta: dict = {
         "stage": report.name,
-        "rows_in": report.rows_in,
+        **(read or {"rows_in": report.rows_in}),
         "batches": report.batches,
         "duration_s": round(report.duration_s, 3),
         "watermark": report.watermark or "-",
@@ -249,7 +257,8 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
 
     Dagster gives an asset one producer, so the writers stay assets of their own (`writers`) and
     this asset depends on all of them; it writes nothing, it records the table as a whole:
-    rows, and rows per rule / severity / stage when the table has such a column.
+    its state (`table_state`), rows, and rows per rule / severity / stage when the table has such
+    a column.
     """
 
     @multi_asset(
@@ -264,6 +273,9 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
         if not the_lake.exists(table):
             meta.update({"dagster/row_count": 0, "note": f"{table} has not been written yet"})
             return MaterializeResult(asset_key=table_key(table), metadata=meta)
+        # The table's state too, as every table materialisation carries it: table_state_sensor
+        # then finds its version recorded and reports nothing after the run.
+        meta.update(table_state(the_lake, table))
         names = Lake.spec(table).schema.fieldNames()
         labels = {label: column for label, candidates in SHARED_LABELS
                   if (column := next((c for c in candidates if c in names), None))}

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.home import Home
@@ -12,6 +13,7 @@ from pipelines.home import Home
 if TYPE_CHECKING:
     from pipelines.lake.registry import Lake
 
+REPO = Path(__file__).resolve().parent.parent  # workspace.yaml's folder
 DAGSTER_DIR = "dagster"  # the demo's Dagster instance (run history), inside the home
 RUN_ONCE_JOB = "run_once_job"  # assets/jobs.py
 
@@ -45,12 +47,14 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
     launched = launch_run_once(home)
     print("[3/3] summary", file=sys.stderr)
     print(summary(Lake(home)))
+    # Absolute paths: the hints work from any folder, not only the repository's.
+    dagster, seclake = (Path(sys.executable).with_name(name) for name in ("dagster", "seclake"))
     print(f"\nDone in {time.monotonic() - started:.0f}s. Next:\n"
-          f"  SQL shell:  .venv/bin/seclake sql --home {home.root}\n"
-          f"  one query:  .venv/bin/seclake sql --home {home.root} "
+          f"  SQL shell:  {seclake} sql --home {home.root}\n"
+          f"  one query:  {seclake} sql --home {home.root} "
           f"\"SELECT rule_name, count(*) FROM alerts GROUP BY 1\"\n"
-          f"  Dagster UI: DAGSTER_HOME={dagster_home} SECLAKE_HOME={home.root} .venv/bin/dagster dev "
-          f"-w workspace.yaml  (then open http://localhost:3000: the run is under Runs)")
+          f"  Dagster UI: DAGSTER_HOME={dagster_home} SECLAKE_HOME={home.root} {dagster} dev "
+          f"-w {REPO / 'workspace.yaml'}  (then open http://localhost:3000: the run is under Runs)")
     return launched
 
 

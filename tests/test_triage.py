@@ -168,9 +168,14 @@ def test_the_incidents_asset_writes_the_incidents_as_a_table_and_rebuilds_it_who
     assert meta["incidents"].value == 3 and "10.0.0.7: risk 100" in meta["riskiest"].value
     table = {r.entity: r for r in lake.read(spark, INCIDENTS_TABLE).collect()}
     assert table == {r.entity: r for r in incidents(spark, lake).collect()}
+    # Nothing changed in alerts or alert_triage: a scheduled run writes no identical version.
+    same = materialize([triage.incidents], resources=resources).asset_materializations_for_node("gold__incidents")[0]
+    assert (same.metadata["written"].value, same.metadata["version"].value) == (False, meta["version"].value)
+    assert same.metadata["incidents"].value == 3 and same.metadata["table_version"].value == meta["version"].value
     # Closing an alert changes the next build; the table is replaced, never appended to.
     apply(spark, lake, ["cccc33330"], Change(status="closed", by="ana"))
-    assert materialize([triage.incidents], resources=resources).success
+    again = materialize([triage.incidents], resources=resources).asset_materializations_for_node("gold__incidents")[0]
+    assert again.metadata["written"].value and again.metadata["version"].value == meta["version"].value + 1
     rebuilt = lake.read(spark, INCIDENTS_TABLE).collect()
     assert len(rebuilt) == 3 and [r.open_alerts for r in rebuilt if r.entity == "10.0.0.7"] == [0]
 

@@ -58,8 +58,9 @@ def summary(path: str | os.PathLike) -> TableSummary:
 
 
 def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
-    """The table's commits, newest first: version, timestamp, operation, app_id/batch_id (txn),
-    rows_added and files_added (None once log cleanup removed the entry).
+    """The table's commits, newest first: version, timestamp, operation, user_metadata (the
+    writer's `userMetadata`), app_id/batch_id (txn), rows_added and files_added (None once log
+    cleanup removed the entry).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -69,7 +70,7 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
     """
     log = as_path(path) / "_delta_log"
     return [{"version": c["version"], "timestamp": _commit_time(c["timestamp"]), "operation": c.get("operation"),
-             **_commit_actions(log / f"{c['version']:020d}.json")}
+             "user_metadata": c.get("userMetadata"), **_commit_actions(log / f"{c['version']:020d}.json")}
             for c in open_log(path).history(limit)]
 
 

@@ -37,10 +37,10 @@ def upsert(spark: SparkSession, path: str | os.PathLike, rows: DataFrame, key: s
     return int(latest[0])
 
 
-def replace(path: str | os.PathLike, rows: DataFrame) -> int:
+def replace(path: str | os.PathLike, rows: DataFrame, tag: str | None = None) -> int:
     """Replace every row of the Delta table at `path` with `rows` in one commit (an overwrite:
-    readers see the old rows or the new, never a mix; the old ones stay in the history). Returns
-    the version committed.
+    readers see the old rows or the new, never a mix; the old ones stay in the history), with
+    `tag` as the commit's userMetadata. Returns the version committed.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +52,8 @@ def replace(path: str | os.PathLike, rows: DataFrame) -> int:
 
     uri = table_uri(path)
     with delta_errors(uri.rstrip("/").rsplit("/", 1)[-1]):
-        rows.write.format("delta").mode("overwrite").save(uri)
+        writer = rows.write.format("delta").mode("overwrite")
+        (writer.option("userMetadata", tag) if tag is not None else writer).save(uri)
     latest = DeltaTable.forPath(rows.sparkSession, uri).history(1).select("version").first()
     assert latest is not None  # a table has at least its version 0
     return int(latest[0])

@@ -12,13 +12,14 @@ which is the point of risk-based alerting.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import NamedTuple
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
-from pipelines.triage.store import CLOSED, newest_versions, triaged_alerts
+from pipelines.triage.store import CLOSED, TRIAGE_TABLE, newest_versions, triaged_alerts
 
 INCIDENTS_TABLE = "incidents"
 NETWORK = "(network)"  # the entity of alerts that name no host
@@ -53,16 +54,36 @@ def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours
             .orderBy(F.col("risk").desc(), F.col("last_seen").desc(), "entity"))
 
 
-def refresh(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> tuple[int, int]:
-    """Rebuild the `incidents` table from `incidents()` (the Dagster asset); (version, incidents)."""
+class Refreshed(NamedTuple):
+    """What `refresh` left: the `incidents` version, its rows, and whether this call wrote it."""
+
+    version: int
+    incidents: int
+    written: bool
+
+
+def refresh(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> Refreshed:
+    """Rebuild the `incidents` table from `incidents()` (the Dagster asset), unless its newest commit
+    was built from the same versions of `alerts` and `alert_triage` with the same `span`: every
+    scheduled run would otherwise write an identical version (the commit's userMetadata names them).
+    """
+    from pipelines.lake.log import commits, summary
     from pipelines.lake.merge import replace
     from pipelines.rules.tables import ALERTS_TABLE
 
     lake.ensure(spark, ALERTS_TABLE)
     lake.ensure(spark, INCIDENTS_TABLE)
+    path = lake.path(INCIDENTS_TABLE)
+    tag = "built from " + ", ".join(f"{t} v{summary(lake.path(t)).version if lake.exists(t) else '-'}"
+                                    for t in (ALERTS_TABLE, TRIAGE_TABLE)) + f", span {span}"
+    last = commits(path, limit=1)[0]
+    if last["user_metadata"] == tag:
+        rows = summary(path).rows
+        if rows is not None:
+            return Refreshed(last["version"], rows, written=False)
     schema = lake.spec(INCIDENTS_TABLE).schema
-    rows = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
+    built = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
     try:
-        return replace(lake.path(INCIDENTS_TABLE), rows), rows.count()
+        return Refreshed(replace(path, built, tag), built.count(), written=True)
     finally:
-        rows.unpersist()
+        built.unpersist()
