@@ -8,7 +8,7 @@ from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, table_definition_metadata, table_key, table_state
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import ALERTS_TABLE
-from pipelines.triage.incidents import INCIDENTS_TABLE, refresh
+from pipelines.triage.incidents import INCIDENTS_TABLE, refresh, riskiest
 from pipelines.triage.store import TRIAGE_TABLE
 
 
@@ -18,14 +18,14 @@ from pipelines.triage.store import TRIAGE_TABLE
        retry_policy=RETRY_POLICY, tags={"seclake/layer": Lake.spec(INCIDENTS_TABLE).layer})
 def incidents(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource) -> MaterializeResult:
     the_lake = lake.lake
-    done = refresh(spark.session, the_lake)
+    done = refresh(lambda: spark.session, the_lake)
     context.log.info(f"{done.incidents} incident(s) written as incidents v{done.version}" if done.written else
                      f"alerts and alert_triage unchanged since incidents v{done.version} "
                      f"({done.incidents} incident(s)): nothing written")
-    top = the_lake.read(spark.session, INCIDENTS_TABLE).orderBy("risk", ascending=False).limit(5).collect()
+    top = riskiest(lambda: spark.session, the_lake)
     return MaterializeResult(metadata={
         "version": done.version, "incidents": done.incidents, "written": done.written,
-        "riskiest": MetadataValue.md("\n".join(f"- {r.entity}: risk {r.risk}, {r.alerts} alert(s), "
-                                               f"{len(r.rules)} rule(s)" for r in top) or "(none)"),
+        "riskiest": MetadataValue.md("\n".join(f"- {r['entity']}: risk {r['risk']}, {r['alerts']} alert(s), "
+                                               f"{len(r['rules'])} rule(s)" for r in top) or "(none)"),
         **table_state(the_lake, INCIDENTS_TABLE),
     })

@@ -172,6 +172,11 @@ def test_the_incidents_asset_writes_the_incidents_as_a_table_and_rebuilds_it_who
     same = materialize([triage.incidents], resources=resources).asset_materializations_for_node("gold__incidents")[0]
     assert (same.metadata["written"].value, same.metadata["version"].value) == (False, meta["version"].value)
     assert same.metadata["incidents"].value == 3 and same.metadata["table_version"].value == meta["version"].value
+    assert "10.0.0.7: risk 100" in same.metadata["riskiest"].value
+    # ... found from the tables' logs alone: no Spark session is asked for
+    from pipelines.triage.incidents import refresh
+
+    assert not refresh(lambda: pytest.fail("refresh asked for Spark with nothing to build"), lake).written
     # Closing an alert changes the next build; the table is replaced, never appended to.
     apply(spark, lake, ["cccc33330"], Change(status="closed", by="ana"))
     again = materialize([triage.incidents], resources=resources).asset_materializations_for_node("gold__incidents")[0]

@@ -11,8 +11,9 @@ which is the point of risk-based alerting.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -62,28 +63,43 @@ class Refreshed(NamedTuple):
     written: bool
 
 
-def refresh(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> Refreshed:
+def refresh(session: Callable[[], SparkSession], lake: Lake, span: timedelta = timedelta(hours=24)) -> Refreshed:
     """Rebuild the `incidents` table from `incidents()` (the Dagster asset), unless its newest commit
     was built from the same versions of `alerts` and `alert_triage` with the same `span`: every
     scheduled run would otherwise write an identical version (the commit's userMetadata names them).
+    That look reads the logs only (delta-rs): `session` starts Spark when there is something to build.
     """
     from pipelines.lake.log import commits, summary
     from pipelines.lake.merge import replace
     from pipelines.rules.tables import ALERTS_TABLE
 
-    lake.ensure(spark, ALERTS_TABLE)
-    lake.ensure(spark, INCIDENTS_TABLE)
     path = lake.path(INCIDENTS_TABLE)
     tag = "built from " + ", ".join(f"{t} v{summary(lake.path(t)).version if lake.exists(t) else '-'}"
                                     for t in (ALERTS_TABLE, TRIAGE_TABLE)) + f", span {span}"
-    last = commits(path, limit=1)[0]
-    if last["user_metadata"] == tag:
-        rows = summary(path).rows
-        if rows is not None:
+    if lake.exists(INCIDENTS_TABLE):
+        last, rows = commits(path, limit=1)[0], summary(path).rows
+        if last["user_metadata"] == tag and rows is not None:
             return Refreshed(last["version"], rows, written=False)
+    spark = session()
+    lake.ensure(spark, ALERTS_TABLE)
+    lake.ensure(spark, INCIDENTS_TABLE)
     schema = lake.spec(INCIDENTS_TABLE).schema
     built = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
     try:
         return Refreshed(replace(path, built, tag), built.count(), written=True)
     finally:
         built.unpersist()
+
+
+def riskiest(session: Callable[[], SparkSession], lake: Lake, n: int = 5) -> list[dict[str, Any]]:
+    """The `n` riskiest rows of the `incidents` table (entity, risk, alerts, rules), read by delta-rs
+    from those columns alone (Spark, through `session`, when delta-rs cannot read the table alone)."""
+    from pipelines.lake.log import read_columns
+
+    columns = ["entity", "risk", "alerts", "rules"]
+    try:
+        rows = read_columns(lake.path(INCIDENTS_TABLE), columns).sort_by([("risk", "descending")]).slice(0, n)
+        return rows.to_pylist()
+    except LookupError:
+        top = lake.read(session(), INCIDENTS_TABLE).orderBy(F.col("risk").desc()).select(*columns).limit(n)
+        return [row.asDict() for row in top.collect()]
