@@ -196,7 +196,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction) -> None:
         sub, "cluster", "a Spark standalone cluster on this machine (a master and workers)",
         {"start": "start the master and the workers; print SECLAKE_SPARK_MASTER for them",
          "stop": "stop the workers and the master",
-         "status": "say how many workers are alive; exit 1 when the master does not run"},
+         "status": "say how many workers are alive; exit 1 when the master does not run or no worker is alive"},
         DEFAULT_PORT, "the master's port", _home_arg, cmd_cluster)
     for parser in verbs.values():
         parser.add_argument("--workers", type=int, default=2, help="workers (default 2)")
@@ -213,13 +213,16 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 0
     if args.cluster_command == "start":
         cluster.start()
-        print(f"spark cluster up: {cluster.alive_workers()} worker(s), logs in {cluster.folder}; to run on it:\n"
-              f"  export SECLAKE_SPARK_MASTER={cluster.master_url}")
+        print(f"spark cluster up: {cluster.alive_workers()} worker(s), master UI {cluster.ui_url}, logs in "
+              f"{cluster.folder}; to run on it:\n  export SECLAKE_SPARK_MASTER={cluster.master_url}")
         return 0
-    running = bool(cluster.pids())
-    print(f"spark cluster running: {cluster.master_url}, {cluster.alive_workers()} worker(s) alive" if running
-          else "spark cluster not running")
-    return 0 if running else 1
+    if not cluster.pids():
+        print("spark cluster not running")
+        return 1
+    alive = cluster.alive_workers()
+    print(f"spark cluster running: {cluster.master_url}, {alive} worker(s) alive, master UI {cluster.ui_url}"
+          + ("" if alive else ": no application can run (seclake cluster start starts the missing workers)"))
+    return 0 if alive else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,9 @@ from pipelines.servers import ServerError, free_port, launch, running_pid, termi
 
 DEFAULT_PORT = 7077
 START_TIMEOUT_S = 120.0
+# A finished application's work folder (its jars and executor logs) is kept an hour for its logs: at
+# the schedule's four runs an hour that is about 200 MB per worker, not 4 GB a day.
+WORKER_APP_TTL_S = 3600
 
 
 def spark_class() -> Path:
@@ -59,6 +62,12 @@ class LocalCluster:
         """The running daemons' process ids (master first)."""
         return [pid for pid in (running_pid(p) for p in self._pid_files()) if pid is not None]
 
+    @property
+    def ui_url(self) -> str | None:
+        """The master's web UI (applications, workers), on a free port chosen at its start."""
+        port = self.ui_port()
+        return f"http://127.0.0.1:{port}" if port is not None else None
+
     def ui_port(self) -> int | None:
         try:
             return int((self.folder / "master.ui").read_text())
@@ -80,7 +89,13 @@ class LocalCluster:
         """Start the master and the workers (those running are left as they are) and wait until
         every worker has registered."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SPARK_LOG_DIR": str(self.folder), "SPARK_NO_DAEMONIZE": "1"}
+        env = {**os.environ, "SPARK_LOG_DIR": str(self.folder), "SPARK_NO_DAEMONIZE": "1",
+               # The web UIs bind every interface without it (and the master's has kill buttons).
+               "SPARK_LOCAL_IP": "127.0.0.1",
+               # Each application copies its jars (the Delta jars, 23 MB) into every worker's work folder:
+               # finished applications' folders go after WORKER_APP_TTL_S instead of piling up.
+               "SPARK_WORKER_OPTS": f"-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 "
+                                    f"-Dspark.worker.cleanup.appDataTtl={WORKER_APP_TTL_S}"}
         master_pid = self.folder / "master.pid"
         if running_pid(master_pid) is None:
             ui = free_port()

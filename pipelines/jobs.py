@@ -285,6 +285,10 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
                            rules_app=rules_app)
 
 
+# How long the rules' application has to stop after SIGTERM (a running micro-batch finishing) before SIGKILL.
+RULES_STOP_SECONDS = 60
+
+
 class RulesApp:
     """The rules' Spark application: `seclake stream --only rules` as a child process.
 
@@ -312,8 +316,11 @@ class RulesApp:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=RULES_STOP_SECONDS)
             except subprocess.TimeoutExpired:
+                # Safe (a rule replays its interrupted batch), but not the clean stop the caller reports.
+                log.warning("the rules' application did not stop within %d s of SIGTERM: killed; its rules "
+                            "replay their interrupted micro-batch at the next start", RULES_STOP_SECONDS)
                 self.proc.kill()
                 self.proc.wait()
 

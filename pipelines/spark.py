@@ -5,11 +5,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import socketserver
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -221,6 +223,7 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     for more in (local_fs_conf(), s3a, conf or {}):
         settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
+    check_master(master)
     _start_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
@@ -232,7 +235,56 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     spark.sparkContext.setLogLevel(log_level)
     if log_level == "FATAL" and s3a:
         _quiet_sdk_logging(spark)
+    if master.startswith("spark://"):
+        threading.Thread(target=_warn_without_executors, args=(spark, master), daemon=True,
+                         name="seclake-executors").start()
     return spark
+
+
+def check_master(master: str) -> None:
+    """A RuntimeError naming the master unless a standalone master (`spark://host:port`, or several
+    for a master with standbys) accepts a connection: Spark itself would retry for a minute, then
+    fail with an error that names neither. Other masters (local, yarn, k8s) are not checked.
+
+    >>> check_master("local[*]")
+    >>> try:
+    ...     check_master("spark://127.0.0.1:1")
+    ... except RuntimeError as exc:
+    ...     print(exc)
+    no Spark master answers at spark://127.0.0.1:1 (SECLAKE_SPARK_MASTER): is the cluster up? (seclake cluster status)
+    """
+    if not master.startswith("spark://"):
+        return
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=MASTER_CONNECT_TIMEOUT_S):
+                return
+        except (OSError, ValueError):
+            continue
+    raise RuntimeError(f"no Spark master answers at {master} (SECLAKE_SPARK_MASTER): is the cluster up? "
+                       "(seclake cluster status)")
+
+
+# How long a session on a cluster may wait for its first executor before seclake says why nothing runs.
+EXECUTOR_WAIT_S = 60.0
+MASTER_CONNECT_TIMEOUT_S = 5.0
+
+
+def _warn_without_executors(spark: SparkSession, master: str) -> None:
+    """Say once, in one line, when the application still has no executor after EXECUTOR_WAIT_S: its
+    jobs wait without a word otherwise (no live worker, or other applications hold every core)."""
+    time.sleep(EXECUTOR_WAIT_S)
+    try:
+        # The driver is in the list too.
+        if spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() > 1:  # type: ignore[union-attr]
+            return
+    except Exception:  # the session stopped meanwhile: nothing to say
+        return
+    logging.getLogger("seclake").warning(
+        "%s has had no executor for %.0f s: no worker of %s has a free core (workers dead, or other "
+        "applications hold them all: cap each with spark.cores.max, docs/deploy.md); its jobs wait until one does",
+        spark.sparkContext.appName, EXECUTOR_WAIT_S, master)
 
 
 def _quiet_sdk_logging(spark: SparkSession) -> None:

@@ -189,7 +189,9 @@ def _clean(out: Path, overwrite: bool) -> None:
             ours.append(out / name)
     if ours and not overwrite:
         raise ValueError(f"out {str(out)!r} already holds generator output ({ours[0].name}, ...); "
-                         "use an empty folder or pass overwrite=True / --overwrite")
+                         "use an empty folder, or --overwrite to replace it; to add hours to it, generate them "
+                         "into another folder (same --seed and --hosts, a later --start) and move its landing "
+                         "files in (docs/sample-data.md)")
     for p in ours:
         p.unlink()
 
