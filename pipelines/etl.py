@@ -371,8 +371,6 @@ def _bronze(parsed: DataFrame, source: str, ingest: dict) -> DataFrame:
 def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
     """Start the ETL query with `trigger` (AvailableNow for run-once, processing time for streaming)."""
     # Run-once needs no clock: its end-of-input mark passes everything (pipelines/dhcp_clock.py).
-    # The table exists after the stage all the same, as every table a stage declares it writes.
-    lake.ensure(spark, DHCP_CLOCK)
     writer = EtlWriter(lake, rotation_skew=None if trigger == AVAILABLE_NOW else settings.rotation_skew)
     query = start_query(parse_files(landing_files(_session(spark, trigger), lake, settings)), QUERY_NAME, writer,
                         lake.home.checkpoint(QUERY_NAME), trigger)

@@ -221,13 +221,15 @@ def test_run_once_job_materialises_every_table_with_run_metadata(spark, sample_r
     assert shared["rows_by_rule"] == {r.rule_name: r["count"] for r in alerts.groupBy("rule_name").count().collect()}
     # Every table the run materialised records its Delta version: table_state_sensor finds nothing
     # to report after the run (it did for alerts, late_events and incidents, which recorded none).
+    # Except dhcp_clock on a first run: run-once's ETL writes no clock, dhcp_leases creates it empty
+    # after the ETL's materialisation (the ETL creating it would start dhcp_leases on a home without logs).
     from assets.table_state import changed_tables
 
     keys = {tables.table_key(t).to_user_string(): t for t in Lake.names()}
     recorded = {keys[k]: meta.get("table_version") for k, meta in done.items() if k in keys}
     assert {"alerts", "late_events", "incidents"} <= set(recorded)
     assert [e.asset_key.to_user_string() for e in changed_tables(lake, recorded)
-            if keys[e.asset_key.to_user_string()] in recorded] == []
+            if keys[e.asset_key.to_user_string()] in recorded] == ["silver/dhcp_clock"]
 
 
 def test_run_once_job_runs_great_expectations_checks_that_pass_on_sample_data(sample_run):
