@@ -182,7 +182,9 @@ def kafka_files(spark: SparkSession, bootstrap: str, source: str, *, topics: str
               .option("includeHeaders", True))
     if limit is not None:
         reader = reader.option("maxOffsetsPerTrigger", limit)
-    header = F.expr(f"decode(get(filter(headers, h -> h.key = '{ZEEK_HEADER}'), 0).value, 'UTF-8')")
+    # A cast, like the line's: bytes that are not UTF-8 reach the parser (and the quarantine) instead
+    # of failing the query at every restart, as decode() does.
+    header = F.expr(f"CAST(get(filter(headers, h -> h.key = '{ZEEK_HEADER}'), 0).value AS STRING)")
     line = F.col("value").cast("string")
     return reader.load().select(
         F.lit(source).alias("source"),

@@ -272,6 +272,37 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
             assert all("seclake.zeek_header" not in headers for _, headers in got)
 
 
+def test_ship_leaves_out_suricatas_text_logs_and_compressed_rotations_and_eve_lines_carry_no_header(
+        broker, tmp_path, caplog):
+    """A Suricata folder as `seclake ship /var/log/suricata` finds it: eve.json, a rotation logrotate
+    compressed (its bytes shipped as lines once blocked the ETL from Kafka), stats.log and fast.log
+    (they went to zeek.* topics and flooded bronze_zeek and the quarantine)."""
+    import gzip
+
+    from pipelines.kafka.ship import Shipper
+
+    folder = tmp_path / "suricata"
+    folder.mkdir()
+    lines = [b'{"event_type":"flow","n":%d}' % i for i in range(3)] + [b"#not a Zeek header in EVE"]
+    (folder / "eve.json").write_bytes(b"\n".join(lines) + b"\n")
+    (folder / "eve.json.1.gz").write_bytes(gzip.compress(b'{"event_type":"old"}\n' * 50))
+    (folder / "stats.log").write_text("Date: 12/5/2026 -- 04:00:00 (uptime: 0d, 00h 01m 00s)\n")
+    (folder / "fast.log").write_text("12/05/2026-04:00:00.000000  [**] [1:1:1] x [**]\n")
+    with caplog.at_level("WARNING", logger="seclake"):
+        shipper = Shipper(folder, broker.bootstrap)
+        shipper.step()
+        shipper.flush()
+    assert shipper.shipped == len(lines)
+    got = consume_with_headers(broker.bootstrap, "suricata.eve", len(lines))
+    assert [value for value, _ in got] == lines
+    assert all("seclake.zeek_header" not in headers for _, headers in got)
+    from confluent_kafka.admin import AdminClient
+
+    topics = set(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics)
+    assert not {"zeek.stats", "zeek.fast"} & topics
+    assert "eve.json.1.gz is compressed: not shipped" in caplog.text
+
+
 # ---- the ETL from Kafka: topics -> bronze, quarantine, silver, exactly the file path's rows ------
 
 def sensor_folders(gen: Path, manifest: dict, root: Path) -> set[Path]:

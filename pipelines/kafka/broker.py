@@ -89,6 +89,23 @@ class Broker:
         """The running broker's process id, or None (no pid file, or its process is gone)."""
         return running_pid(self.pid_file)
 
+    def running(self) -> Broker:
+        """This home's broker on the port it was started with (`server.properties`) when it runs,
+        whatever port this one names; else this one.
+
+        >>> Broker(Home.resolve("/nonexistent"), 19092).running().port
+        19092
+        """
+        if self.pid() is None:
+            return self
+        try:
+            for line in (self.folder / "server.properties").read_text().splitlines():
+                if line.startswith("advertised.listeners=PLAINTEXT://"):
+                    return Broker(self.home, int(line.rsplit(":", 1)[1]))
+        except (OSError, ValueError):
+            pass
+        return self
+
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Broker:
         """Start the broker (formatting its storage on first use) and wait until it accepts
         connections; a broker already running for this home is left as it is."""

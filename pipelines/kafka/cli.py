@@ -122,7 +122,8 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.kafka.broker import Broker
 
-    broker = Broker(Home.resolve(args.home), args.port)
+    # A running broker is named by the port it listens on, not by --port's default.
+    broker = Broker(Home.resolve(args.home), args.port).running()
     if args.kafka_command == "start":
         was = broker.pid()
         broker.start()

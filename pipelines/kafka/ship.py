@@ -50,17 +50,25 @@ POLL_S = 0.5
 READ_BYTES = 1 << 20
 
 
+# Suricata's own text logs beside eve.json: not Zeek logs, whatever their `.log` name says.
+SURICATA_LOGS = frozenset({"fast", "stats", "suricata", "drop", "alert-debug"})
+# Rotated files that logrotate compressed: shipping their bytes as lines would put binary in the topic.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
+
+
 def topic_of(name: str) -> str | None:
     """The topic of a sensor's current log file, or None for files that are not shipped
-    (rotated files: they are read only to finish what was open).
+    (rotated files: they are read only to finish what was open; Suricata's text logs).
 
     >>> topic_of("dns.log"), topic_of("eve.json"), topic_of("dns.2026-11-20-13-00-00.log"), topic_of("x.txt")
     ('zeek.dns', 'suricata.eve', None, None)
+    >>> topic_of("stats.log"), topic_of("fast.log")
+    (None, None)
     """
     if name == EVE:
         return "suricata.eve"
     stem, dot, ext = name.partition(".")
-    return f"zeek.{stem}" if dot and ext == "log" and stem.isidentifier() else None
+    return f"zeek.{stem}" if dot and ext == "log" and stem.isidentifier() and stem not in SURICATA_LOGS else None
 
 
 def file_id(stat: os.stat_result) -> str:
@@ -219,6 +227,7 @@ class Shipper:
         self.shipped = 0
         self.failure: str | None = None
         self.done: set[str] = set()  # files shipped to their end and closed (rotated)
+        self.compressed: set[str] = set()  # compressed rotated files already said to be skipped
 
     def _error(self, error: object) -> None:
         from confluent_kafka import KafkaError
@@ -335,8 +344,13 @@ class Shipper:
         """The topic's rotated files still in the folder: named like its current file, with more dots
         (Zeek `dns.<time>.log`, Suricata `eve.<n>.json` or `eve.json.<n>`)."""
         stem = "eve" if topic == "suricata.eve" else topic.removeprefix("zeek.")
-        return [p for p in self.folder.iterdir()
-                if p.is_file() and p.name.split(".")[0] == stem and topic_of(p.name) is None]
+        found = [p for p in self.folder.iterdir()
+                 if p.is_file() and p.name.split(".")[0] == stem and topic_of(p.name) is None]
+        for path in (p for p in found if p.name.endswith(COMPRESSED) and p.name not in self.compressed):
+            self.compressed.add(path.name)
+            log.warning("%s is compressed: not shipped (ship a rotated file before it is compressed: "
+                        "logrotate's delaycompress)", path)
+        return [p for p in found if not p.name.endswith(COMPRESSED)]
 
     def _open(self, topic: str, path: Path) -> Tail:
         handle = open(path, "rb")  # noqa: SIM115 - kept open across passes, closed on rotation
@@ -346,7 +360,7 @@ class Shipper:
         block = b"\n".join(tail.header)  # joined once per header change, not once per line
         for line, end in tail.lines():
             text = line.rstrip(b"\r")
-            if text.startswith(b"#"):
+            if text.startswith(b"#") and tail.topic.startswith("zeek."):
                 tail.header = _zeek_header([text], tail.header)
                 block = b"\n".join(tail.header)
                 continue
