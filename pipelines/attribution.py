@@ -65,6 +65,7 @@ LATE_EVENTS = "late_events"
 ENRICHED_INPUTS: dict[str, str] = {"enriched_conn": "silver_conn", "enriched_dns": "silver_dns",
                                    "enriched_ids_alerts": "silver_ids_alerts"}
 INVENTORY_FILE = "devices.csv"
+_NO_INVENTORY_SAID: set[Path] = set()
 
 # An ACK without a lease time (option 51 missing, or a sensor that drops it) still says who got
 # the address; one hour is the shortest lease common in practice (guest Wi-Fi), so a device that
@@ -439,7 +440,9 @@ def load_devices(spark: SparkSession, path: Path) -> DataFrame:
     """
     schema = "inv_mac string, device string, owner string"
     if not path.is_file():
-        log.warning("no device inventory at %s: enriched rows get device and owner NULL", path)
+        if path not in _NO_INVENTORY_SAID:  # once per process, not once per enriched query
+            _NO_INVENTORY_SAID.add(path)
+            log.warning("no device inventory at %s: enriched rows get device and owner NULL", path)
         return spark.createDataFrame([], schema)
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)

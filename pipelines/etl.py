@@ -245,6 +245,8 @@ class EtlWriter:
         self.sources = sources()
         self.sinks = {name: lake.sink(name, app_id=app_id) for name in etl_tables()}
         self.history: list[BatchStats] = []
+        # What went in, in the input's own units: from Kafka a "file" is a topic partition.
+        self.units = ("topic partitions", "messages") if app_id == KAFKA_QUERY_NAME else ("files", "data lines")
         self._existing: set[str] = set()
         self._clock = (None if rotation_skew is None else
                        ClockWriter(lake, float(interval_seconds(rotation_skew)),
@@ -314,7 +316,7 @@ class EtlWriter:
                      F.count(F.when(F.col("error").isNotNull(), 1)).alias("bad"),
                      F.min(F.when(good, F.col("event_time"))).alias("lo"),
                      F.max(F.when(good, F.col("event_time"))).alias("hi")).collect())
-        read = {"files": len({f for r in rows for f in r.files}), "data lines": sum(r.lines for r in rows)}
+        read = dict(zip(self.units, (len({f for r in rows for f in r.files}), sum(r.lines for r in rows))))
         tables = {s.bronze_table for s in self.sources if any(r.source == s.name for r in rows)}
         if any(r.bad for r in rows):
             tables.add("quarantine")

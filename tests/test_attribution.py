@@ -245,6 +245,8 @@ def test_device_inventory_and_bad_settings(spark, tmp_path, caplog):
     devices = tmp_path / "devices.csv"
     assert attribution.load_devices(spark, devices).count() == 0
     assert "no device inventory" in caplog.text
+    caplog.clear()  # said once per process: the three enriched queries each load it
+    assert attribution.load_devices(spark, devices).count() == 0 and "no device inventory" not in caplog.text
     devices.write_text("mac,device,owner,os\nAA-BB-CC-00-00-01,pc,ann,win\n,blank,,\n")
     assert ([tuple(r) for r in attribution.load_devices(spark, devices).collect()]
             == [("aa:bb:cc:00:00:01", "pc", "ann")])
