@@ -20,7 +20,7 @@ from pipelines.servers import ServerError, free_port, launch, running_pid, termi
 DEFAULT_PORT = 7077
 START_TIMEOUT_S = 120.0
 # A finished application's work folder (its jars and executor logs) is kept an hour for its logs: at
-# the schedule's four runs an hour that is about 200 MB per worker, not 4 GB a day.
+# the schedule's four runs an hour that is about 100 MB per worker, not 2 GB a day.
 WORKER_APP_TTL_S = 3600
 
 
