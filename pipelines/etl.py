@@ -415,7 +415,9 @@ def check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    refused = _refused(bootstrap, timeout_s)
+    from pipelines.servers import refused as refusals
+
+    refused = refusals(bootstrap, timeout_s)
     if refused:
         raise ValueError(f"no Kafka broker answers at {bootstrap} (SECLAKE_KAFKA): {refused}")
     try:
@@ -423,26 +425,6 @@ def check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
         AdminClient(config).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise ValueError(f"no Kafka broker answers at {bootstrap} (SECLAKE_KAFKA): {exc.args[0].str()}") from None
-
-
-def _refused(bootstrap: str, timeout_s: float) -> str | None:
-    """Why no bootstrap address accepts a TCP connection ('host:port: connection refused; ...'), or
-    None when one does, or when an address does not parse or times out (the client then decides)."""
-    import socket
-
-    reasons = []
-    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            return None
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-            return None
-        except ConnectionRefusedError:
-            reasons.append(f"{address}: connection refused")
-        except OSError:
-            return None
-    return "; ".join(reasons) or None
 
 
 def _quiet_logger() -> logging.Logger:

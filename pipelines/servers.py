@@ -24,6 +24,30 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def refused(addresses: str, timeout_s: float) -> str | None:
+    """Why no address of `addresses` ('host:port,host:port') accepts a TCP connection
+    ('host:port: connection refused; ...'), or None when one does, or when an address does not
+    parse or times out (the client then decides): a server that is down, said before a client
+    retries it for a minute (a Kafka broker, a Spark master).
+
+    >>> refused(f"127.0.0.1:{free_port()}", 1.0).endswith("connection refused")
+    True
+    """
+    reasons = []
+    for address in (a.strip() for a in addresses.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            return None
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return None
+        except ConnectionRefusedError:
+            reasons.append(f"{address}: connection refused")
+        except OSError:
+            return None
+    return "; ".join(reasons) or None
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 nothing listens on (now).
 

@@ -5,7 +5,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import socketserver
 import subprocess
 import sys
@@ -242,28 +241,24 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
 
 
 def check_master(master: str) -> None:
-    """A RuntimeError naming the master unless a standalone master (`spark://host:port`, or several
-    for a master with standbys) accepts a connection: Spark itself would retry for a minute, then
-    fail with an error that names neither. Other masters (local, yarn, k8s) are not checked.
+    """A RuntimeError naming the master when a standalone master (`spark://host:port`, or several
+    for a master with standbys) refuses connections (`servers.refused`): Spark itself would retry
+    for a minute, then fail with an error that names neither. Other masters (local, yarn, k8s) are
+    not checked.
 
     >>> check_master("local[*]")
     >>> try:
     ...     check_master("spark://127.0.0.1:1")
     ... except RuntimeError as exc:
-    ...     print(exc)
-    no Spark master answers at spark://127.0.0.1:1 (SECLAKE_SPARK_MASTER): is the cluster up? (seclake cluster status)
+    ...     print(str(exc).removesuffix(" is the cluster up? (seclake cluster status)"))
+    no Spark master answers at spark://127.0.0.1:1 (SECLAKE_SPARK_MASTER): 127.0.0.1:1: connection refused;
     """
-    if not master.startswith("spark://"):
-        return
-    for address in master.removeprefix("spark://").split(","):
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=MASTER_CONNECT_TIMEOUT_S):
-                return
-        except (OSError, ValueError):
-            continue
-    raise RuntimeError(f"no Spark master answers at {master} (SECLAKE_SPARK_MASTER): is the cluster up? "
-                       "(seclake cluster status)")
+    from pipelines.servers import refused
+
+    why = refused(master.removeprefix("spark://"), MASTER_CONNECT_TIMEOUT_S) if master.startswith("spark://") else None
+    if why:
+        raise RuntimeError(f"no Spark master answers at {master} (SECLAKE_SPARK_MASTER): {why}; is the cluster up? "
+                           "(seclake cluster status)")
 
 
 # How long a session on a cluster may wait for its first executor before seclake says why nothing runs.
