@@ -95,7 +95,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
                      report_every=args.report_every, only=args.only)
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
-    print(f"{name}: stopped cleanly", file=sys.stderr)
+    print(f"{name}: stopped", file=sys.stderr)
     return 0
 
 

@@ -223,6 +223,7 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     check_master(master)
+    started = SparkContext._active_spark_context is None  # else getOrCreate returns the running session
     _start_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
@@ -234,7 +235,7 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     spark.sparkContext.setLogLevel(log_level)
     if log_level == "FATAL" and s3a:
         _quiet_sdk_logging(spark)
-    if master.startswith("spark://"):
+    if started and master.startswith("spark://"):
         threading.Thread(target=_warn_without_executors, args=(spark, master), daemon=True,
                          name="seclake-executors").start()
     return spark
