@@ -17,6 +17,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.home import Home
+from pipelines.schemas import SILVER_SCHEMAS
 from pipelines.sql.serve import jdbc_url
 from test_sql_sandbox import _silver_dns_home
 
@@ -45,9 +46,9 @@ HOSTILE_OVER_JDBC: list[tuple[str, str]] = [
     ("RESTORE TABLE silver_dns TO VERSION AS OF 0", "is not allowed: this endpoint only reads"),
     ("CACHE TABLE silver_dns", "is not allowed: this endpoint only reads"),
     ("DELETE FROM silver_dns", "is not allowed: this endpoint only reads"),
-    ("DESCRIBE HISTORY '/tmp'", "UnresolvedPathBasedDeltaTable is not allowed"),
+    ("DESCRIBE HISTORY '/tmp'", "table '/tmp' is not allowed: read seclake tables by name"),
     ("DESCRIBE DETAIL delta.`/tmp`", "table delta./tmp is not allowed"),
-    ("DESCRIBE DETAIL '/tmp'", "UnresolvedPathBasedTable is not allowed"),
+    ("DESCRIBE DETAIL '/tmp'", "table '/tmp' is not allowed: read seclake tables by name"),
 ]
 
 
@@ -58,10 +59,10 @@ def _free_port() -> int:
 
 
 def beeline(url: str, *statements: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    """Run statements with beeline (the Hive JDBC client pyspark ships), going on after an error; result rows
-    as CSV on stdout (beeline's prompts and blank lines removed), errors on stderr."""
+    """Run statements (or beeline's own `!commands`) with beeline (the Hive JDBC client pyspark ships), going on
+    after an error; result rows as CSV on stdout (beeline's prompts and blank lines removed), errors on stderr."""
     script = tmp / "statements.sql"
-    script.write_text("".join(f"{s};\n" for s in statements))
+    script.write_text("".join(f"{s}\n" if s.startswith("!") else f"{s};\n" for s in statements))  # !commands take none
     done = subprocess.run(
         ["java", "-cp", f"{PYSPARK_JARS}/*", "org.apache.hive.beeline.BeeLine", "-u", url, "-n", "analyst",
          "--outputformat=csv2", "--showHeader=false", "--silent=true", "--force=true", "-f", str(script)],
@@ -122,6 +123,16 @@ def test_a_jdbc_client_gets_the_same_count_as_seclake_sql(capsys, home, server, 
     lines = done.stdout.splitlines()
     assert lines[:2] == [str(expected), "10"] and expected == 10, done.stdout
     assert "default,silver_dns,false" in lines and lines[-1] == "10", done.stdout
+
+
+def test_a_jdbc_client_lists_each_tables_columns(server, tmp_path):
+    # What DBeaver's schema browser and ODBC tools ask (DatabaseMetaData.getColumns, beeline's !columns):
+    # Delta's catalog entry has no columns of its own.
+    url, _ = server
+    done = beeline(url, "!columns silver_dns", tmp=tmp_path)
+    assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
+    listed = [row.split(",")[3] for row in done.stdout.splitlines() if ",silver_dns," in row]
+    assert listed == list(SILVER_SCHEMAS["silver_dns"].fieldNames()), done.stdout
 
 
 def test_the_endpoint_refuses_hostile_statements(server, tmp_path):

@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from pipelines.home import Home
+from pipelines.lake.jvm import jvm_class
 from pipelines.lake.read import read_in_range, read_table
 from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
 
@@ -79,6 +80,8 @@ TABLES: dict[str, TableSpec] = {}
 _BUILT_FOR: list[tuple[str, ...]] = []
 # name -> table location registered in this process's (one JVM's) catalog
 _REGISTERED: dict[str, str] = {}
+# name -> the columns (schema JSON) written into its catalog entry by `_catalog_columns`
+_COLUMNS: dict[str, str] = {}
 
 
 class Lake:
@@ -124,12 +127,13 @@ class Lake:
         spec = self.spec(name)
         return create_empty(spark, self.path(name), spec.schema, list(spec.partition_by), checkpoint_interval)
 
-    def register(self, spark: SparkSession, names: list[str] | None = None) -> list[str]:
+    def register(self, spark: SparkSession, names: list[str] | None = None, *, columns: bool = False) -> list[str]:
         """Name the home's existing tables in `spark`'s catalog (`SELECT ... FROM silver_dns`); return them.
 
         The catalog is in memory, one per JVM: every process registers by path, so no metastore
         lock keeps a second reader out while the streams write. A name registered for another
         home in this JVM is pointed at this one (only the catalog entry changes, never the data).
+        `columns`: also keep each entry's columns equal to the table's (`_catalog_columns`).
 
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
@@ -148,6 +152,9 @@ class Lake:
                 spark.sql(f"DROP TABLE IF EXISTS {name}")
                 spark.sql(f"CREATE TABLE {name} USING delta LOCATION '{location}'")
                 _REGISTERED[name] = location
+                _COLUMNS.pop(name, None)
+            if columns:
+                _catalog_columns(spark, name)
             done.append(name)
         return done
 
@@ -163,6 +170,20 @@ class Lake:
     def read_in_range(self, spark: SparkSession, name: str, column: str, lo: datetime, hi: datetime) -> DataFrame:
         """`name`'s rows with `column` in [lo, hi], reading only the files that can hold them (`read.read_in_range`)."""
         return read_in_range(spark, self.path(name), column, lo, hi)
+
+
+def _catalog_columns(spark: SparkSession, name: str) -> None:
+    """Write the table's current columns into its catalog entry when they changed.
+
+    Delta registers a table with no columns (its log holds them; queries read them there), but
+    the Thrift server answers JDBC/ODBC clients' column listings (`DatabaseMetaData.getColumns`:
+    DBeaver's browser, Tableau, Power BI) from the entry alone: without this, none.
+    """
+    schema = spark.table(name).schema.json()
+    if _COLUMNS.get(name) != schema:
+        columns = jvm_class(spark, "org.apache.spark.sql.types.DataType").fromJson(schema)
+        spark._jsparkSession.sharedState().externalCatalog().alterTableDataSchema("default", name, columns)
+        _COLUMNS[name] = schema
 
 
 def _load_all() -> None:

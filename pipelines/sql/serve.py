@@ -85,7 +85,7 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     jvm.seclake.sandbox.SqlSandbox.trust(spark._jsparkSession)  # this session registers the tables
     # The Thrift server's Hive client starts Derby, which writes ./derby.log where the command runs.
     jvm.java.lang.System.setProperty("derby.stream.error.file", str(lake.home.root / "derby.log"))
-    lake.register(spark)
+    lake.register(spark, columns=True)
     try:
         server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithSparkSession(
             spark._jsparkSession, False)  # False: a server error raises here instead of exiting the JVM
@@ -97,12 +97,14 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     for sig in previous:
         signal.signal(sig, lambda *_: stop.set())
     try:
-        print(f"seclake serve: {len(lake.register(spark))} tables of {lake.home.root} at {jdbc_url(host, port)} "
+        tables = lake.register(spark, columns=True)
+        print(f"seclake serve: {len(tables)} tables of {lake.home.root} at {jdbc_url(host, port)} "
               "(read-only; Ctrl-C stops)", file=out, flush=True)
         while not stop.wait(REGISTER_SECONDS):
-            lake.register(spark)
+            lake.register(spark, columns=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.stop()
         spark.stop()
+        print("seclake serve: stopped", file=out, flush=True)

@@ -208,8 +208,7 @@ def describe(message: str, text: str, edits: list[tuple[int, int, int]], *, synt
         # Spark 4.2 lacks the text of its own error here ("Cannot find main error class ...").
         return ("`column:field` reads a field of a VARIANT column, and the column is not one; for JSON "
                 "text such as alerts.details write parse_json(details):field or get_json_object(details, '$.field')")
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    first = re.sub(r"^\[[A-Z_.]+\]\s*", "", lines[0] if lines else "failed")
+    first = re.sub(r"^\[[A-Z_.]+\]\s*", "", _first_sentence(message))
     first = re.split(r"\s*SQLSTATE:", first)[0].rstrip(" ;")
     position = _POSITION_RE.search(message)
     where = ""
@@ -220,6 +219,26 @@ def describe(message: str, text: str, edits: list[tuple[int, int, int]], *, synt
         first = re.sub(r"^Syntax error at or near", "near", first)
         return f"syntax error at {where}: {first}" if where else f"syntax error: {first}"
     return f"{first} ({where})" if where else first
+
+
+def _first_sentence(message: str) -> str:
+    """The message's first line, with the lines that continue its sentence (Delta wraps some of its
+    messages: "... available to\\nthis table (...)"); not the plan or stack trace after it.
+
+    >>> _first_sentence("The timestamp is before the version available to\\nthis table (x). Use a later one.\\n'Plan")
+    'The timestamp is before the version available to this table (x). Use a later one.'
+    >>> _first_sentence("Table not found. Verify the spelling.\\nSearch path: [a, b].")
+    'Table not found. Verify the spelling.'
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return "failed"
+    sentence = lines[0]
+    for line in lines[1:]:
+        if re.search(r"[.;:!?]$", sentence) or not re.match(r"[a-z(]", line) or line.startswith("at "):
+            break
+        sentence += " " + line
+    return sentence
 
 
 def _original_position(rewritten: str, edits: list[tuple[int, int, int]], line: int, pos: int) -> tuple[int, int]:

@@ -193,6 +193,9 @@ public final class SqlSandbox extends AbstractFunction1<SparkSessionExtensions, 
         throw new Refused("IDENTIFIER(...) and EXECUTE IMMEDIATE build statements or names at run time, "
             + "which the sandbox cannot check: not allowed");
       }
+      if (name.startsWith("UnresolvedPathBased")) {  // DESCRIBE HISTORY '/path' and the like: a read, but by path
+        throw new Refused("table " + pathOf(plan) + " is not allowed: read seclake tables by name (no file paths)");
+      }
       if (command && !allowCommand) {
         throw new Refused(name + " is not allowed: this endpoint only reads (queries, DESCRIBE, SHOW, USE, EXPLAIN)");
       }
@@ -219,6 +222,14 @@ public final class SqlSandbox extends AbstractFunction1<SparkSessionExtensions, 
         if (inner instanceof LogicalPlan) {
           node((LogicalPlan) inner, false);
         }
+      }
+    }
+
+    private static String pathOf(LogicalPlan plan) {
+      try {
+        return "'" + plan.getClass().getMethod("path").invoke(plan) + "'";
+      } catch (ReflectiveOperationException e) {
+        return "by path";
       }
     }
 
