@@ -630,7 +630,7 @@ class AttributionWriter:
 
 def _run(name: str, frame: DataFrame, writer: AttributionWriter, lake: Lake, trigger: dict) -> RunningQuery:
     check_resumable(lake.home.checkpoint(name))
-    query = start_query(frame, name, writer, lake.home.checkpoint(name), trigger)
+    query = start_query(frame, name, writer, lake.home.checkpoint(name), trigger, sinks=(writer.sink, writer.late_sink))
     writer.query = query
     return RunningQuery(name, query, writer, (name, LATE_EVENTS))
 
@@ -649,7 +649,8 @@ def start_leases(spark: SparkSession, lake: Lake, settings: Settings, trigger: d
     clock = read_clock(session, lake, settings.dhcp_log_delay) if clocked(lake) else None
     if clock is None:
         log.warning("dhcp_leases: its checkpoint predates the DHCP clock, so in a stream a lease piece waits "
-                    "for a newer DHCP line; start it afresh to use the clock (docs/attribution.md)")
+                    "for a newer DHCP line; `seclake rollback dhcp_leases --empty --cascade` rebuilds it with the "
+                    "clock (docs/attribution.md)")
     dhcp = read_stream(session, lake.path("silver_dhcp"))
     writer = AttributionWriter(spark, lake, LEASES)
     # The enriched queries stream from dhcp_leases and all four queries write late_events: create
@@ -693,7 +694,8 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     bucketed = bucketed_join(lake.home.checkpoint(table))
     if not bucketed:
         log.warning("%s: its checkpoint predates the join keyed by time slot, so a run-once over a long backlog "
-                    "is slower; start it afresh to use it (docs/attribution.md, \"The join\")", table)
+                    "is slower; `seclake rollback %s --empty --cascade` rebuilds it with the slot "
+                    "(docs/attribution.md, \"The join\")", table, table)
     frame = attribute(events, leases, (read_marks(session, lake), read_marks(session, lake)), devices, table, settings,
                       bucketed=bucketed)
     return _run(table, frame, AttributionWriter(spark, lake, table), lake, trigger)

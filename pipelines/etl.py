@@ -377,7 +377,7 @@ def start(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) ->
     # Run-once needs no clock: its end-of-input mark passes everything (pipelines/dhcp_clock.py).
     writer = EtlWriter(lake, rotation_skew=None if trigger == AVAILABLE_NOW else settings.rotation_skew)
     query = start_query(parse_files(landing_files(_session(spark, trigger), lake, settings)), QUERY_NAME, writer,
-                        lake.home.checkpoint(QUERY_NAME), trigger)
+                        lake.home.checkpoint(QUERY_NAME), trigger, sinks=tuple(writer.sinks.values()))
     return RunningQuery(QUERY_NAME, query, writer, (*etl_tables(), DHCP_CLOCK))
 
 
@@ -389,7 +389,7 @@ def start_kafka(spark: SparkSession, lake: Lake, settings: Settings, trigger: di
     check_reachable(bootstrap)
     writer = EtlWriter(lake, app_id=KAFKA_QUERY_NAME)
     query = start_query(parse_kafka(_session(spark, trigger), bootstrap, settings), KAFKA_QUERY_NAME, writer,
-                        lake.home.checkpoint(KAFKA_QUERY_NAME), trigger)
+                        lake.home.checkpoint(KAFKA_QUERY_NAME), trigger, sinks=tuple(writer.sinks.values()))
     return RunningQuery(KAFKA_QUERY_NAME, query, writer, etl_tables())
 
 

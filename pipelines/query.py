@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.checkpoint import clear_unstarted
-from pipelines.lake.sink import CommitResult
+from pipelines.checkpoint import clear_unstarted, newest
+from pipelines.lake.sink import CommitResult, DeltaSink
 
 if TYPE_CHECKING:
     from pipelines.lake.registry import Lake
@@ -308,9 +308,12 @@ def _java_text(exc: Exception) -> str | None:
 
 
 def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], None], checkpoint: Path,
-                trigger: dict, output_mode: str = "append") -> StreamingQuery:
-    """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`."""
+                trigger: dict, output_mode: str = "append", sinks: tuple[DeltaSink, ...] = ()) -> StreamingQuery:
+    """Start `frame` as query `name` (also its checkpoint folder's name) writing through `writer`,
+    whose tables' sinks are `sinks` (`check_new_checkpoint`)."""
     clear_unstarted(checkpoint)
+    if newest(checkpoint) is None:
+        check_new_checkpoint(frame.sparkSession, name, checkpoint, sinks)
     return (frame.writeStream
             .queryName(name)
             .outputMode(output_mode)
@@ -318,6 +321,20 @@ def start_query(frame: DataFrame, name: str, writer: Callable[[DataFrame, int], 
             .option("checkpointLocation", str(checkpoint))
             .trigger(**trigger)
             .start())
+
+
+def check_new_checkpoint(spark: SparkSession, name: str, checkpoint: Path, sinks: tuple[DeltaSink, ...]) -> None:
+    """ValueError when query `name` starts a new checkpoint but a table it writes already holds
+    batches of its app id: the new checkpoint numbers its batches from 0 again, and its sinks would
+    skip every id the table holds, losing those batches' rows in silence. A checkpoint deleted
+    without its tables does this; restoring it, or rebuilding the stage, does not."""
+    for sink in sinks:
+        last = sink.last_batch(spark)
+        if last >= 0:
+            raise ValueError(
+                f"{name}: its checkpoint {checkpoint} is new, but {sink.name} already holds its batches up to {last} "
+                f"(app id {sink.app_id}): run from it, their ids would be skipped and their rows lost; restore the "
+                f"checkpoint, or rebuild the stage from its inputs: seclake rollback {sink.name} --empty --cascade")
 
 
 def stop_between_batches(query: QueryHandle, patience_s: float = 60.0) -> None:

@@ -76,6 +76,33 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     assert alerts.select("alert_id").distinct().count() == alerts.count()
 
 
+def test_a_checkpoint_deleted_alone_is_refused_and_an_empty_rollback_rebuilds_the_stage(spark, tmp_path):
+    from sample_data.generator import generate
+
+    home = Home.resolve(tmp_path / "home")
+    generate(home.root, hours=0.5, hosts=5, seed=23)
+    lake = Lake(home.create())
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    clean = counts(spark, lake)
+    clean_alerts = sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
+    assert clean["enriched_conn"] > 0
+
+    # "Starting enriched_conn afresh" by deleting its checkpoint alone: from a new checkpoint its
+    # batch ids restart at 0, which the table's txn already holds, so its sink would skip them.
+    shutil.rmtree(lake.home.checkpoint("enriched_conn"))
+    refused = {r.name: r for r in run_once(spark, lake, SETTINGS)}["enriched_conn"]
+    assert refused.error and "is new, but enriched_conn already holds" in refused.error
+    assert "seclake rollback enriched_conn --empty --cascade" in refused.error
+    assert counts(spark, lake) == clean
+
+    plan = rollback(spark, lake, "enriched_conn", None, cascade=True)
+    assert plan.lines()[0] == "rollback enriched_conn to empty with --cascade:"
+    assert lake.read(spark, "enriched_conn").count() == 0 and lake.read(spark, "alerts").count() == 0
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    assert counts(spark, lake) == clean
+    assert sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect()) == clean_alerts
+
+
 def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():
     # The ETL commits nothing to a table its batch has no row for: version 1 holds batches 0-2.
     history = [{"version": v, "operation": "WRITE", "app_id": "etl", "batch_id": b}

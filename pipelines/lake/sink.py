@@ -97,6 +97,11 @@ class DeltaSink:
                                     empty_commits=creates)
         return CommitResult(self.name, batch_id, version, rows)
 
+    def last_batch(self, spark: SparkSession) -> int:
+        """The last batch id this sink's app id committed to its table (-1: none, or no table yet)."""
+        txn = _transaction(spark, self.uri)
+        return -1 if txn.readVersion() < 0 else _committed_batch(spark, txn, self.app_id)
+
     def _write_evolving(self, df: DataFrame, batch_id: int, tag: str) -> CommitResult:
         """The append through Delta's DataFrame writer: evolves the table's schema (mergeSchema) or
         names the column Delta refused; slower (`_committed_batch` says why)."""

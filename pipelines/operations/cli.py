@@ -19,7 +19,10 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg, settings_ar
     rollback = sub.add_parser("rollback", help="restore a table to a version and rewind or reset the queries "
                                                "downstream (docs/operations.md)")
     rollback.add_argument("table", metavar="TABLE", help="table to restore, e.g. silver_dns")
-    rollback.add_argument("--to-version", type=int, required=True, metavar="N", help="Delta version to restore")
+    goal = rollback.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--to-version", type=int, metavar="N", help="Delta version to restore")
+    goal.add_argument("--empty", action="store_true",
+                      help="empty the table and rebuild it: the query that writes it starts again from its inputs")
     rollback.add_argument("--cascade", action="store_true",
                           help="also reset every query reading a changed table, and the tables they write")
     rollback.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
@@ -56,7 +59,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         from pipelines.spark import get_spark
 
         spark = get_spark(app_name="seclake-rollback")
-    plan = rollback(spark, lake, args.table, args.to_version, cascade=args.cascade, dry_run=args.dry_run)
+    plan = rollback(spark, lake, args.table, None if args.empty else args.to_version, cascade=args.cascade,
+                    dry_run=args.dry_run)
     for line in plan.lines():
         print(line)
     print("dry run: nothing changed" if args.dry_run else "done: the next `seclake run-once` reprocesses from here")

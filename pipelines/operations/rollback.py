@@ -1,4 +1,4 @@
-"""`seclake rollback TABLE --to-version N [--cascade]`: undo a bad deploy and reprocess (docs/operations.md).
+"""`seclake rollback TABLE --to-version N|--empty [--cascade]`: undo a bad deploy and reprocess (docs/operations.md).
 
 The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what):
 
@@ -9,7 +9,8 @@ The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what
   batch B (offsets, commits and file-source logs after B are removed), so the next run re-reads
   exactly what came after B. The ETL's seven tables therefore always move together. A stage that
   keeps streaming state (attribution) cannot be cut back: only a rollback to before its first batch
-  is allowed, which *resets* it.
+  is allowed, which *resets* it. `--empty` (version None) resets the stage that writes TABLE: TABLE
+  and its other tables emptied, its checkpoint deleted, so it rebuilds everything from its inputs.
 - With `--cascade`, every stage that reads a changed table is *reset*: its checkpoint is deleted and
   every table it writes is emptied (Delta DELETE), so it recomputes from its inputs. A table several
   stages write (`late_events`) being emptied resets all of its writers.
@@ -77,14 +78,15 @@ class RollbackPlan:
     """What `apply_plan` will do; `lines()` is what `--dry-run` prints."""
 
     table: str
-    version: int
+    version: int | None  # None: --empty
     cascade: bool
     tables: list[TableStep] = field(default_factory=list)
     checkpoints: list[CheckpointStep] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        head = f"rollback {self.table} to version {self.version}{' with --cascade' if self.cascade else ''}:"
+        goal = "empty" if self.version is None else f"version {self.version}"
+        head = f"rollback {self.table} to {goal}{' with --cascade' if self.cascade else ''}:"
         changes = [s.line() for s in self.tables if s.target != s.current or s.txn]
         steps = [*changes, *(c.line() for c in self.checkpoints)]
         return [head, *(steps or ["  nothing to do"]), *(f"  warning: {w}" for w in self.warnings)]
@@ -148,10 +150,11 @@ def _first_removed(history: list[dict[str, Any]], target: int | None) -> datetim
     return min(removed) if removed else None
 
 
-def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
+def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = False,
                   rules_dir: str | Path | None = None) -> RollbackPlan:
-    """The steps that bring `table` back to `version` and keep every query consistent with it
-    (see the module docstring for the rule). Reads only the Delta logs and checkpoints.
+    """The steps that bring `table` back to `version` (None: empty, its stage rebuilt) and keep every
+    query consistent with it (see the module docstring for the rule). Reads only the Delta logs and
+    checkpoints.
     """
     from pipelines.stages import stages
 
@@ -167,7 +170,7 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
         return histories[name]
 
     current = history(table)[-1]["version"]
-    if isinstance(version, bool) or not 0 <= version <= current:
+    if version is not None and (isinstance(version, bool) or not 0 <= version <= current):
         raise ValueError(f"--to-version must be between 0 and {current} (the versions of {table}), not {version}")
     plan = RollbackPlan(table, version, cascade)
     targets: dict[str, int | None] = {}
@@ -185,9 +188,15 @@ def plan_rollback(lake: Lake, table: str, version: int, cascade: bool = False,
             raise ValueError(f"{table} is written by {len(writers)} stages ({', '.join(s.name for s in writers)}): "
                              "roll back the table they read instead, with --cascade")
         writer = writers[0]
-        batch = _kept_batch(history(table), writer.name, version)
+        batch = -1 if version is None else _kept_batch(history(table), writer.name, version)
         checkpoint = lake.home.checkpoint(writer.name)
-        if batch is None:  # the stage appended nothing after it: its checkpoint and other tables stay
+        if version is None:
+            resets[writer.name] = f"{table} is emptied; recomputed from its inputs"
+            for name in writer.writes:
+                if lake.exists(name):
+                    targets[name] = None
+                    reasons[name] = "requested" if name == table else f"{writer.name} is reset"
+        elif batch is None:  # the stage appended nothing after it: its checkpoint and other tables stay
             targets[table], reasons[table] = version, "requested"
         elif batch >= 0 and (checkpoint / "state").is_dir():
             first = _before_batch(history(table), writer.name, -1)
@@ -282,7 +291,7 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
             rewind_checkpoint(ck.path, ck.rewind_to)
 
 
-def rollback(spark: SparkSession | None, lake: Lake, table: str, version: int, cascade: bool = False,
+def rollback(spark: SparkSession | None, lake: Lake, table: str, version: int | None, cascade: bool = False,
              dry_run: bool = False, rules_dir: str | Path | None = None) -> RollbackPlan:
     """Plan and (unless `dry_run`) apply a rollback; the rollback refuses while a stream runs on the home."""
     from pipelines.operations.running import refuse_while_streaming
