@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 import threading
 import uuid
@@ -22,6 +23,7 @@ import warnings
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, JobDefinition
 
 from assets.resources import SparkResource, resources_for_environment
+from pipelines.home import dagster_instance
 from pipelines.terminal import Progress, print_table
 
 FINISHED = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_SKIPPED}
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("dagster").setLevel(logging.ERROR)
     tags = dict(tag.split("=", 1) for tag in args.tag)
+    if os.environ.get("DAGSTER_HOME"):
+        dagster_instance(os.environ["DAGSTER_HOME"])
     return launch(args.job, tags)
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.home import Home
+from pipelines.home import Home, dagster_instance
 
 if TYPE_CHECKING:
     from pipelines.lake.registry import Lake
@@ -61,11 +61,7 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
 def launch_run_once(home: Home) -> int:
     """`run_once_job` as a Dagster run on the instance in `home/dagster` (`python -m assets.launch`);
     its exit code. The instance is made with telemetry off: a demo sends nothing anywhere."""
-    dagster_home = home.root / DAGSTER_DIR
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    config = dagster_home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+    dagster_home = dagster_instance(home.root / DAGSTER_DIR)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "SECLAKE_HOME": str(home.root)}
     return subprocess.run([sys.executable, "-m", "assets.launch", RUN_ONCE_JOB, "--tag", "seclake/launched_by=demo"],
                           env=env).returncode

@@ -102,3 +102,21 @@ class Home:
         if unrecorded is not None:
             (self.root / LAKE_FILE).write_text(f"{unrecorded}\n")
         return self
+
+
+def dagster_instance(folder: str | os.PathLike) -> Path:
+    """Make `folder` a Dagster instance's home (`DAGSTER_HOME`) with telemetry off, unless it has its
+    own `dagster.yaml`: a seclake instance sends nothing anywhere. The folder, absolute.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     print((dagster_instance(Path(tmp, "dagster")) / "dagster.yaml").read_text(), end="")
+    telemetry:
+      enabled: false
+    """
+    path = Path(folder).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    config = path / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n")
+    return path

@@ -293,7 +293,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         reason = f": {health.reason}" if health.reason else ""
         unrun = (health.state == OK and slug in valid
                  and not lake.home.checkpoint(valid[slug].checkpoint_name).is_dir())
-        print(f"{slug:<28} {health.state}{' (not run yet)' if unrun else ''}{failures}{retry}{reason}")
+        # A rule's checkpoint is per version: a new version has not run even when the one before it has.
+        never = f" (v{valid[slug].version} not run yet)" if unrun else ""
+        print(f"{slug:<28} {health.state}{never}{failures}{retry}{reason}")
     return 1 if any(h.state in (DISABLED, INVALID) for h in healths) else 0
 
 
