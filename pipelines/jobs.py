@@ -81,7 +81,23 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     for wave in waves(stages()):
         reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
                             on_report)
+    _warn_late_attribution(reports)
     return reports
+
+
+def _warn_late_attribution(reports: list[QueryReport]) -> None:
+    """One warning when attribution dropped events older than its watermark (an older capture or a
+    sensor behind the others landed after newer data): no enriched table and so no rule holds them,
+    and a backtest, which reads the enriched tables, cannot add their alerts."""
+    from pipelines.attribution import ENRICHED_INPUTS, LEASES
+
+    late = {r.name: r.late_rows for r in reports if r.late_rows and r.name in (LEASES, *ENRICHED_INPUTS)}
+    if late:
+        log.warning("attribution dropped rows older than its watermark (%s): kept in silver and counted in "
+                    "late_events, but no enriched table or rule has them; `seclake rollback dhcp_leases --empty "
+                    "--cascade` then `seclake run-once` attributes them, recomputing attribution and the rules over "
+                    "all of silver (docs/attribution.md, \"Late rows\")",
+                    ", ".join(f"{name} {rows:,}" for name, rows in late.items()))
 
 
 def run_wave(spark: SparkSession | Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage],

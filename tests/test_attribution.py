@@ -309,6 +309,21 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     assert "late-conn" not in attributed(spark, lake, "enriched_conn")
 
 
+def test_run_once_says_once_when_attribution_dropped_late_rows(caplog):
+    from pipelines.jobs import _warn_late_attribution
+    from pipelines.query import QueryReport
+
+    # A rule's late rows are its own notice (seclake.rule_late_rows; a backtest adds their alerts).
+    quiet = [QueryReport("etl"), QueryReport("enriched_conn"), QueryReport("rule_dns_tunneling", late_rows=4)]
+    _warn_late_attribution(quiet)
+    assert not caplog.records
+    _warn_late_attribution([*quiet, QueryReport("dhcp_leases", late_rows=1),
+                            QueryReport("enriched_dns", late_rows=3512)])
+    (warning,) = caplog.records
+    assert warning.levelname == "WARNING" and "dhcp_leases 1, enriched_dns 3,512" in warning.getMessage()
+    assert "seclake rollback dhcp_leases --empty --cascade" in warning.getMessage()
+
+
 def test_a_lease_held_across_run_onces_attributes_the_next_runs_events(spark, tmp_path):
     """A run-once cuts a held lease at its end-of-input mark, where the enriched join's watermark
     then stands. The lease's next piece, written by the next run-once, must not start on that

@@ -29,21 +29,29 @@ def counts(spark, lake: Lake) -> dict[str, int]:
     return {name: lake.read(spark, name).count() for name in COMPARED if lake.exists(name)}
 
 
-def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tmp_path):
+def alert_ids(spark, lake: Lake) -> list[str]:
+    return sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
+
+
+def processed_home(spark, tmp_path) -> tuple[Lake, dict[str, int], list[str]]:
+    """Half an hour of 5 hosts after one run-once: its lake, the tables' counts and the alert ids."""
     from sample_data.generator import generate
 
     home = Home.resolve(tmp_path / "home")
     generate(home.root, hours=0.5, hosts=5, seed=23)
     lake = Lake(home.create())
     assert not any(r.error for r in run_once(spark, lake, SETTINGS))
-    clean = counts(spark, lake)
-    clean_alerts = sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
+    return lake, counts(spark, lake), alert_ids(spark, lake)
+
+
+def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tmp_path):
+    lake, clean, clean_alerts = processed_home(spark, tmp_path)
 
     # All of it on a copy of the processed home, the original gone: the ETL checkpoint's record of
     # the landing files it read follows the move (bronze would otherwise hold batch 0 twice).
     moved = Home.resolve(tmp_path / "moved")
-    shutil.copytree(home.root, moved.root)
-    shutil.rmtree(home.root)
+    shutil.copytree(lake.home.root, moved.root)
+    shutil.rmtree(lake.home.root)
     lake = Lake(moved)
 
     # The bad deploy: the ETL's last batch wrote wrong rows into silver_dns (as a parser bug would),
@@ -72,19 +80,12 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
 
     assert counts(spark, lake) == clean
     alerts = lake.read(spark, "alerts")
-    assert sorted(r.alert_id for r in alerts.select("alert_id").collect()) == clean_alerts
+    assert alert_ids(spark, lake) == clean_alerts
     assert alerts.select("alert_id").distinct().count() == alerts.count()
 
 
 def test_a_checkpoint_deleted_alone_is_refused_and_an_empty_rollback_rebuilds_the_stage(spark, tmp_path):
-    from sample_data.generator import generate
-
-    home = Home.resolve(tmp_path / "home")
-    generate(home.root, hours=0.5, hosts=5, seed=23)
-    lake = Lake(home.create())
-    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
-    clean = counts(spark, lake)
-    clean_alerts = sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
+    lake, clean, clean_alerts = processed_home(spark, tmp_path)
     assert clean["enriched_conn"] > 0
 
     # "Starting enriched_conn afresh" by deleting its checkpoint alone: from a new checkpoint its
@@ -100,7 +101,7 @@ def test_a_checkpoint_deleted_alone_is_refused_and_an_empty_rollback_rebuilds_th
     assert lake.read(spark, "enriched_conn").count() == 0 and lake.read(spark, "alerts").count() == 0
     assert not any(r.error for r in run_once(spark, lake, SETTINGS))
     assert counts(spark, lake) == clean
-    assert sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect()) == clean_alerts
+    assert alert_ids(spark, lake) == clean_alerts
 
 
 def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():
