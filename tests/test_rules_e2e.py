@@ -113,3 +113,24 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
     assert sorted(found) == sorted(wanted)  # recall 100%, one alert each, the incident's device, no decoy
     assert {json.loads(a.details)["indicator"] for a in streamed_intel} == {
         line.split()[0] for line in planted if "c2_beaconing" in line}
+
+
+def test_the_real_captures_inbound_exploits_raise_an_alert_naming_the_server(spark, tmp_path, real_logs):
+    """The real Suricata capture: two priority-1 alerts, inbound exploits of 192.168.1.129:80, a host no
+    DHCP line names (and no device inventory). The rule for hosts without an inventory device raises
+    one alert per signature; the one for inventory devices raises none."""
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    landing = lake.home.landing / "suricata"
+    landing.mkdir(parents=True)
+    (landing / "eve.json").write_bytes((real_logs / "suricata" / "eve.json").read_bytes())
+    pack = {r.slug: r for r in scan_rules(RULES_DIR).rules}
+    wanted = ["etl", "end_of_input", "dhcp_leases", "enriched_ids_alerts",
+              *(pack[slug].query_name for slug in ("high_severity_ids_alert", "high_severity_ids_alert_unknown_host"))]
+    reports = jobs.run_once(spark, lake, only=wanted)
+    assert all(r.error is None for r in reports), [r.line() for r in reports if r.error]
+    alerts = read_table(spark, lake.path(ALERTS_TABLE)).collect()
+    found = sorted((a.rule_id, a.src_ip, a.mac, json.loads(a.details)["signature_id"]) for a in alerts)
+    unknown = pack["high_severity_ids_alert_unknown_host"].id
+    assert found == [(unknown, "192.168.1.129", None, 2019309), (unknown, "192.168.1.129", None, 2020899)]
+    assert all("192.168.1.129 (no DHCP lease held it" in a.evidence for a in alerts)
+
