@@ -442,7 +442,9 @@ def load_devices(spark: SparkSession, path: Path) -> DataFrame:
     if not path.is_file():
         if path not in _NO_INVENTORY_SAID:  # once per process, not once per enriched query
             _NO_INVENTORY_SAID.add(path)
-            log.warning("no device inventory at %s: enriched rows get device and owner NULL", path)
+            log.warning("no device inventory at %s: enriched rows get device and owner NULL, so every host with a "
+                        "DHCP lease is an unknown device (rule unknown_device) and priority-1 IDS alerts come from "
+                        "high_severity_ids_alert_unknown_host (docs/attribution.md, \"Device inventory\")", path)
         return spark.createDataFrame([], schema)
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)

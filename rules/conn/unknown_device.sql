@@ -1,7 +1,7 @@
 /*
 id: 5c284923-fe82-4abe-a092-1675e2d3c4fe
 name: Unknown device on the network
-version: 3
+version: 4
 severity: medium
 mitre: [T1200]
 description: >
@@ -36,8 +36,9 @@ SELECT
     max(hostname) AS hostname,
     count(*) AS connection_records,
     slice(array_sort(collect_set(dst_port)), 1, 10) AS dst_ports,
+    mode(dst_port) AS top_dst_port,     -- what the device talks to most: the lowest ports are often DHCP and NetBIOS
     concat('MAC ', mac, ' (DHCP hostname ', coalesce(max(hostname), '?'), ') is not in the inventory; ',
-           count(*), ' connection records to ports ',
-           array_join(slice(array_sort(collect_set(dst_port)), 1, 5), ', ')) AS evidence
+           count(*), ' connection records, most to port ', mode(dst_port),
+           ' (distinct ports: ', size(collect_set(dst_port)), ')') AS evidence
 FROM unregistered
 GROUP BY src_ip, mac, device, owner, window(event_time, '1 hour')
