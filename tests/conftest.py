@@ -18,8 +18,11 @@ REAL_LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
 def spark():
     # A finite stop timeout: a query that cannot stop makes its test fail after two minutes
     # instead of holding its pytest worker (pytest-timeout fires once, not again in clean-up).
+    # One JVM serves every test of a worker, and what it keeps grows with the tests (Delta's cached
+    # table states, compiled plans): at 3g, a clean-clone CI run's worker died of "GC overhead limit
+    # exceeded" in test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test.
     session = get_spark(app_name="seclake-tests", ui=False,
-                        conf={"spark.driver.memory": "3g", "spark.sql.streaming.stopTimeout": "120s"})
+                        conf={"spark.driver.memory": "4g", "spark.sql.streaming.stopTimeout": "120s"})
     yield session
     session.stop()
 
