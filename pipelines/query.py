@@ -327,14 +327,15 @@ def check_new_checkpoint(spark: SparkSession, name: str, checkpoint: Path, sinks
     """ValueError when query `name` starts a new checkpoint but a table it writes already holds
     batches of its app id: the new checkpoint numbers its batches from 0 again, and its sinks would
     skip every id the table holds, losing those batches' rows in silence. A checkpoint deleted
-    without its tables does this; restoring it, or rebuilding the stage, does not."""
+    without its tables does this; restoring it, or rebuilding the stage, does not. The rebuild named
+    is that of the stage's first table: a shared one (`late_events`) has several writers."""
     for sink in sinks:
         last = sink.last_batch(spark)
         if last >= 0:
             raise ValueError(
                 f"{name}: its checkpoint {checkpoint} is new, but {sink.name} already holds its batches up to {last} "
                 f"(app id {sink.app_id}): run from it, their ids would be skipped and their rows lost; restore the "
-                f"checkpoint, or rebuild the stage from its inputs: seclake rollback {sink.name} --empty --cascade")
+                f"checkpoint, or rebuild the stage from its inputs: seclake rollback {sinks[0].name} --empty --cascade")
 
 
 def stop_between_batches(query: QueryHandle, patience_s: float = 60.0) -> None:
