@@ -165,6 +165,8 @@ def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None
     """The multi-asset of one stage: one spec per table in `writes` (the tables only it writes),
     one query run per materialisation, then one per stage that is part of it (`parts`: the ETL from
     Kafka beside the ETL from files), whose rows count in the same materialisation."""
+    from pipelines.jobs import late_attribution_warning
+
     parts = parts or []
     deps = [table_key(t) for t in stage.reads]
     quarantine = "quarantine" if "quarantine" in writes else None
@@ -189,6 +191,8 @@ def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None
             except StageError as err:
                 raise as_failure(err, the_lake) from err
             context.log.info(reports[-1].line())
+        if warning := late_attribution_warning(reports):
+            context.log.warning(warning)
         for table in writes:
             meta = run_metadata(reports[0], table, the_lake, quarantine)
             for part in reports[1:]:
@@ -209,7 +213,7 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     selected stages side by side, as run-once does (`pipelines.jobs.run_wave`), where one op per
     stage would run one after the other (Dagster's in-process executor). `writes`: each stage's own
     tables. A failed stage fails the op after the others' tables are materialised."""
-    from pipelines.jobs import run_wave
+    from pipelines.jobs import late_attribution_warning, run_wave
 
     by_key = {table_key(t): (stage, t) for stage in wave for t in writes[stage.name]}
     layers = {Lake.spec(t).layer for stage in wave for t in writes[stage.name]}
@@ -233,6 +237,8 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
         chosen = [s for s in wave if any(by_key[k][0] is s for k in context.selected_asset_keys)]
         reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
                                                lambda r: context.log.info(r.line()))}
+        if warning := late_attribution_warning(reports.values()):
+            context.log.warning(warning)
         for key, (stage, table) in by_key.items():
             if key in context.selected_asset_keys and not reports[stage.name].error:
                 yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], table, the_lake))

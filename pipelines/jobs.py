@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -81,23 +81,31 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     for wave in waves(stages()):
         reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
                             on_report)
-    _warn_late_attribution(reports)
+    if warning := late_attribution_warning(reports):
+        log.warning(warning)
     return reports
 
 
-def _warn_late_attribution(reports: list[QueryReport]) -> None:
-    """One warning when attribution dropped events older than its watermark (an older capture or a
+def late_attribution_warning(reports: Iterable[QueryReport]) -> str | None:
+    """What to say when attribution dropped events older than its watermark (an older capture or a
     sensor behind the others landed after newer data): no enriched table and so no rule holds them,
-    and a backtest, which reads the enriched tables, cannot add their alerts."""
+    and a backtest, which reads the enriched tables, cannot add their alerts. Said once by run-once
+    and by the Dagster op of the attribution stages.
+
+    >>> late_attribution_warning([QueryReport("enriched_conn"), QueryReport("rule_c2_beaconing", late_rows=3)])
+    >>> late_attribution_warning([QueryReport("enriched_dns", late_rows=1200)])[:62]
+    'attribution dropped rows older than its watermark (enriched_dn'
+    """
     from pipelines.attribution import ENRICHED_INPUTS, LEASES
 
     late = {r.name: r.late_rows for r in reports if r.late_rows and r.name in (LEASES, *ENRICHED_INPUTS)}
-    if late:
-        log.warning("attribution dropped rows older than its watermark (%s): kept in silver and counted in "
-                    "late_events, but no enriched table or rule has them; `seclake rollback dhcp_leases --empty "
-                    "--cascade` then `seclake run-once` attributes them, recomputing attribution and the rules over "
-                    "all of silver (docs/attribution.md, \"Late rows\")",
-                    ", ".join(f"{name} {rows:,}" for name, rows in late.items()))
+    if not late:
+        return None
+    return ("attribution dropped rows older than its watermark ("
+            + ", ".join(f"{name} {rows:,}" for name, rows in late.items())
+            + "): kept in silver and counted in late_events, but no enriched table or rule has them; "
+            "`seclake rollback dhcp_leases --empty --cascade` then `seclake run-once` attributes them, "
+            "recomputing attribution and the rules over all of silver (docs/attribution.md, \"Late rows\")")
 
 
 def run_wave(spark: SparkSession | Callable[[], SparkSession], lake: Lake, settings: Settings, wave: list[Stage],

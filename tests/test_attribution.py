@@ -309,19 +309,17 @@ def test_every_event_attributed_to_the_holder_at_its_time(spark, tmp_path):
     assert "late-conn" not in attributed(spark, lake, "enriched_conn")
 
 
-def test_run_once_says_once_when_attribution_dropped_late_rows(caplog):
-    from pipelines.jobs import _warn_late_attribution
+def test_run_once_and_the_dagster_ops_say_when_attribution_dropped_late_rows():
+    from pipelines.jobs import late_attribution_warning
     from pipelines.query import QueryReport
 
     # A rule's late rows are its own notice (seclake.rule_late_rows; a backtest adds their alerts).
     quiet = [QueryReport("etl"), QueryReport("enriched_conn"), QueryReport("rule_dns_tunneling", late_rows=4)]
-    _warn_late_attribution(quiet)
-    assert not caplog.records
-    _warn_late_attribution([*quiet, QueryReport("dhcp_leases", late_rows=1),
-                            QueryReport("enriched_dns", late_rows=3512)])
-    (warning,) = caplog.records
-    assert warning.levelname == "WARNING" and "dhcp_leases 1, enriched_dns 3,512" in warning.getMessage()
-    assert "seclake rollback dhcp_leases --empty --cascade" in warning.getMessage()
+    assert late_attribution_warning(quiet) is None
+    warning = late_attribution_warning([*quiet, QueryReport("dhcp_leases", late_rows=1),
+                                        QueryReport("enriched_dns", late_rows=3512)])
+    assert warning is not None and "dhcp_leases 1, enriched_dns 3,512" in warning
+    assert "seclake rollback dhcp_leases --empty --cascade" in warning
 
 
 def test_a_lease_held_across_run_onces_attributes_the_next_runs_events(spark, tmp_path):

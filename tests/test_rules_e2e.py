@@ -134,3 +134,31 @@ def test_the_real_captures_inbound_exploits_raise_an_alert_naming_the_server(spa
     assert found == [(unknown, "192.168.1.129", None, 2019309), (unknown, "192.168.1.129", None, 2020899)]
     assert all("192.168.1.129 (no DHCP lease held it" in a.evidence for a in alerts)
 
+
+def test_the_real_remcos_hosts_refused_c2_retries_raise_one_alert_naming_its_device(spark, tmp_path, real_logs):
+    """The labelled capture: 192.168.1.107 (RemcosRAT) is refused 718 times in eight minutes by
+    66.63.168.35:5888, all in one ten-minute window; its one DHCP renewal names the MAC. No other
+    host and server pair of the capture fails 30 times, and c2_beaconing, which times connections,
+    finds nothing."""
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    landing = lake.home.landing / "zeek"
+    landing.mkdir(parents=True)
+    for name in ("conn", "dhcp"):
+        (landing / f"{name}.log").write_bytes((real_logs / "zeek-tsv-labeled" / f"{name}.log.labeled").read_bytes())
+    pack = {r.slug: r for r in scan_rules(RULES_DIR).rules}
+    wanted = ["etl", "end_of_input", "dhcp_leases", "enriched_conn",
+              *(pack[slug].query_name for slug in ("repeated_failed_connections", "c2_beaconing"))]
+    reports = jobs.run_once(spark, lake, only=wanted)
+    assert all(r.error is None for r in reports), [r.line() for r in reports if r.error]
+    [alert] = read_table(spark, lake.path(ALERTS_TABLE)).collect()
+    details = json.loads(alert.details)
+    assert (alert.rule_id, alert.src_ip, alert.mac) == (pack["repeated_failed_connections"].id, "192.168.1.107",
+                                                        "08:00:27:5e:9a:a6")
+    assert (details["dst_ip"], details["dst_port"]) == ("66.63.168.35", 5888)
+    # A connection is its 5-tuple (community_id): the host reuses source ports, so 719 log rows are
+    # fewer connections, and the one S0 reuses a port refused half a second before.
+    rows = [line.split("\t") for line in (real_logs / "zeek-tsv-labeled" / "conn.log.labeled").read_text().splitlines()
+            if not line.startswith("#")]
+    ports = {r[3] for r in rows if r[4:6] == ["66.63.168.35", "5888"] and r[11] in ("REJ", "S0")}
+    assert details["failed"] == details["refused"] == len(ports) >= 30
+
