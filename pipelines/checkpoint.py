@@ -151,26 +151,35 @@ def _source_entries(checkpoint: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return found
 
 
-def batch_files(checkpoint: str | os.PathLike, batch_id: int) -> dict[str, float]:
-    """The files the checkpoint's file sources planned into batch `batch_id` (`sources/<n>/<batch_id>`,
-    or the `.compact` holding it) -> their modification time (seconds since the epoch), as the URIs
-    Spark records; empty when the batch took no file.
+def newest_source_files(checkpoint: str | os.PathLike) -> dict[str, float]:
+    """The files of each file source's newest log batch (`sources/<n>/<b>`, or the `.compact` holding
+    it) -> their modification time (seconds since the epoch), as the URIs Spark records.
+
+    A file source numbers its own log, one number per query batch that took new files from it, so
+    its numbers fall behind the query's batch ids once a batch takes nothing from it (an ETL batch
+    of EVE files alone): the query's batch id does not name its files. Inside a `foreachBatch`
+    (the next batch is not planned yet) these are every file of the running batch, plus, for a
+    source that gave it none, the files of that source's last batch, committed before.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     log = Path(tmp, "sources", "1"); log.mkdir(parents=True)
-    ...     _ = (log / "9.compact").write_text('v1\\n{"path":"file:///l/a","timestamp":1500,"batchId":8}\\n'
-    ...                                        '{"path":"file:///l/b","timestamp":2000,"batchId":9}')
-    ...     batch_files(tmp, 9), batch_files(tmp, 10)
-    ({'file:///l/b': 2.0}, {})
+    ...     zeek, eve = Path(tmp, "sources", "0"), Path(tmp, "sources", "1")
+    ...     zeek.mkdir(parents=True); eve.mkdir()
+    ...     _ = (zeek / "4").write_text('v1\\n{"path":"file:///l/conn","timestamp":1500,"batchId":4}')
+    ...     _ = (eve / "9.compact").write_text('v1\\n{"path":"file:///l/eve-a","timestamp":1500,"batchId":8}\\n'
+    ...                                        '{"path":"file:///l/eve-b","timestamp":2000,"batchId":9}')
+    ...     newest_source_files(tmp) == {"file:///l/conn": 1.5, "file:///l/eve-b": 2.0}
+    True
     """
     found: dict[str, float] = {}
     sources = as_path(checkpoint) / "sources"
     for source in sources.iterdir() if sources.is_dir() else ():
-        path = numbered(source).get(batch_id)
-        for entry in _file_entries(path) if path else ():
-            if int(entry["batchId"]) == batch_id:
-                found[entry["path"]] = entry["timestamp"] / 1000
+        logs = numbered(source)
+        if logs:
+            last = max(logs)
+            for entry in _file_entries(logs[last]):
+                if int(entry["batchId"]) == last:
+                    found[entry["path"]] = entry["timestamp"] / 1000
     return found
 
 

@@ -189,8 +189,9 @@ class ClockWriter:
     def committed(self, spark: SparkSession, newest: dict[str, datetime], dhcp: set[str],
                   files: dict[str, float]) -> None:
         """Record a micro-batch whose commits are all done (`Survey.newest`, `Survey.dhcp`), `files`
-        its landing files -> modification time (`checkpoint.batch_files`): its hold counts from the
-        newest of them, since a rotation's files are written together, not from the commit."""
+        its landing files -> modification time (`checkpoint.newest_source_files`, which may add
+        files committed before): its hold counts from the newest of them, since a rotation's files
+        are written together, not from the commit."""
         with self._lock:
             if self._clock is None:
                 self._clock = resume(spark, self.lake, self.hold_s)

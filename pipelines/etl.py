@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
 from pipelines import environment
-from pipelines.checkpoint import batch_files, newest, source_file_times, source_files
+from pipelines.checkpoint import newest, newest_source_files, source_file_times, source_files
 from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, feed
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
@@ -98,13 +98,18 @@ def landing_paths(lake: Lake) -> set[str]:
 
 def processed_files(lake: Lake) -> set[str]:
     """The landing files (local paths) of every batch the ETL from landing has committed, from its
-    checkpoint's file log (no JVM). A file of a batch planned but not committed is not among them."""
+    checkpoint's file log (no JVM). A file of a batch planned but not committed is not among them
+    (nor, while such a batch is open, the other files of each source's newest log batch)."""
     checkpoint = lake.home.checkpoint(QUERY_NAME)
     committed = newest(checkpoint, committed=True)
     if committed is None:
         return set()
-    return {_local(uri) for uri, batch in source_files(checkpoint).items()
-            if uri.startswith("file:") and batch <= committed}
+    files = {uri for uri in source_files(checkpoint) if uri.startswith("file:")}
+    if newest(checkpoint) != committed:
+        # A file source's log numbers are not the query's batch ids (`newest_source_files`): the
+        # planned batch's files are among each source's newest, which count once it commits.
+        files -= newest_source_files(checkpoint).keys()
+    return {_local(uri) for uri in files}
 
 
 def changed_after_read(lake: Lake) -> list[str]:
@@ -286,7 +291,7 @@ class EtlWriter:
                     stats.record(result)
         # Only once the batch's silver_dhcp is committed: the clock never runs ahead of it.
         if self._clock is not None:
-            files = batch_files(self.lake.home.checkpoint(QUERY_NAME), batch_id)
+            files = newest_source_files(self.lake.home.checkpoint(QUERY_NAME))
             self._clock.committed(spark, survey.newest, survey.dhcp,
                                   {_local(uri): t for uri, t in files.items() if uri.startswith("file:")})
         self.history.append(stats)

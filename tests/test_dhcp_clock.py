@@ -138,6 +138,40 @@ def test_the_stream_etl_writes_the_clock_of_the_slowest_sensor_that_delivers_dhc
     assert len(sensors) == 2 and set(feeds[-1]) == {f"{r.source}/{r.sensor}" for r in sensors}
 
 
+def test_the_clock_moves_after_a_batch_that_took_files_of_one_source_alone(spark, tmp_path):
+    """Each file source numbers its own log: after a batch of EVE alone, Zeek's next file is its
+    source's log batch 1 in the query's batch 2. The writer once looked its files up by the query's
+    batch id, found none, and held every later release for a landed file it thought uncommitted:
+    the clock stopped for good (`alert_latency.py` saw no threshold alert for a week)."""
+    from pipelines.checkpoint import newest_source_files
+
+    home = Home.resolve(tmp_path / "home")
+    lake = Lake(home.create())
+    zeek = sorted((SAMPLE / "landing" / "zeek").iterdir())
+    eve_8, eve_9 = sorted((SAMPLE / "landing" / "suricata").iterdir())
+    settings = SETTINGS.with_overrides({"rotation_skew": "1 second"})
+    checkpoint = home.checkpoint(etl.QUERY_NAME)
+
+    def took(n: int) -> bool:  # the query's batch n is committed
+        return (Path(checkpoint) / "commits" / str(n)).exists()
+
+    land(home.landing, [p for p in zeek if "-08-" in p.name] + [eve_8])
+    running = etl.start(spark, lake, settings, processing_time("1 second"))
+    try:
+        wait_for(lambda: took(0) and len(clocks(spark, lake)) == 1, "batch 0 and its clock row")
+        land(home.landing, [eve_9])
+        wait_for(lambda: took(1), "batch 1 (EVE alone)")
+        land(home.landing, [p for p in zeek if "-09-" in p.name])
+        wait_for(lambda: took(2), "batch 2 (Zeek alone)")
+        assert {Path(uri).name for uri in newest_source_files(checkpoint)} >= {p.name for p in zeek if "-09-" in p.name}
+        newest_9 = max(lake.read(spark, t).agg(F.max("event_time")).first()[0] for t in ("silver_conn", "silver_dns"))
+        wait_for(lambda: clocks(spark, lake)[-1] > naive(dt.datetime(2026, 11, 20, 9, 30, tzinfo=dt.timezone.utc)),
+                 "a clock row in Zeek's and Suricata's 09:00 hour")
+    finally:
+        stop_etl(running)
+    assert clocks(spark, lake)[-1] <= newest_9
+
+
 def test_a_dhcp_leases_checkpoint_from_before_the_clock_resumes_without_it(spark, tmp_path, caplog):
     """A checkpoint of dhcp_leases started with the plan before the clock (two sources) cannot take
     a third: it resumes with its own plan, says so, and is idle once caught up."""
