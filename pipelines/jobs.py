@@ -443,7 +443,8 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
                     watch_rule(r, now)  # batch budget; which rules are in a batch (charged if this app dies)
                 if now - last_sync >= RULE_SYNC_SECONDS:
                     # Deploy = add or edit a rule file: only that rule's query (re)starts.
-                    rule_manager.sync(spark, lake, settings, trigger, running)
+                    if deployed := rule_manager.sync(spark, lake, settings, trigger, running).summary:
+                        print(f"rules: {deployed}", file=sys.stderr, flush=True)
                     last_sync = now
             reported -= {r.name for r in running if r.query.isActive}  # a restarted query may fail anew
             failed = [r for r in running if r.name in starters and not r.query.isActive

@@ -274,6 +274,7 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
                HOST_A)
         retried = manager.sync(spark, lake, settings, trigger, running)
         assert sorted(retried.retried) == ["rule_dga_nxdomain_burst", "rule_dns_tunneling"] and not retried.restarted
+        assert retried.summary.startswith("started now that their input tables exist rule_")
         assert all(r.query.isActive for r in running)
         assert not manager.sync(spark, lake, settings, trigger, running)  # nothing changed: nothing done
         tunnel_query = next(r for r in running if r.name == "rule_dns_tunneling").query
@@ -282,6 +283,7 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         (folder / DGA.name).write_text(DGA.read_text().replace("version: 2", "version: 3"))
         second = manager.sync(spark, lake, settings, trigger, running)
         assert second.restarted == ["rule_dga_nxdomain_burst"] and not second.started and not second.stopped
+        assert second.summary == "restarted rule_dga_nxdomain_burst"
         assert next(r for r in running if r.name == "rule_dns_tunneling").query is tunnel_query
         assert next(r for r in running if r.name == "rule_dga_nxdomain_burst").writer.rule.version == 3
 
@@ -289,7 +291,7 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         (folder / TUNNEL.name).write_text("/* broken */ SELECT 1")
         (folder / "new_rule.sql").write_text("SELECT 1")
         third = manager.sync(spark, lake, settings, trigger, running)
-        assert not third and sorted(third.invalid) == ["rule_dns_tunneling", "rule_new_rule"]
+        assert not third and sorted(third.invalid) == ["rule_dns_tunneling", "rule_new_rule"] and not third.summary
         assert next(r for r in running if r.name == "rule_dns_tunneling").query is tunnel_query
         assert tunnel_query.isActive
 
@@ -298,6 +300,7 @@ def test_rule_manager_deploys_changes_without_touching_other_queries(spark, tmp_
         (folder / "new_rule.sql").unlink()
         fourth = manager.sync(spark, lake, settings, trigger, running)
         assert fourth.stopped == ["rule_dns_tunneling"] and not tunnel_query.isActive
+        assert fourth.summary == "stopped rule_dns_tunneling"
         assert [r.name for r in running] == ["rule_dga_nxdomain_burst"]
 
         # v3 reads the table from its own checkpoint: the burst is alerted again, as v3.

@@ -644,6 +644,8 @@ class SyncResult:
     # Rules whose query failed or ran over budget: counted in rule_status, held back or disabled.
     failed: list[str] = field(default_factory=list)
     invalid: dict[str, str] = field(default_factory=dict)
+    # The deploys in one line ("started rule_a, rule_b; stopped rule_c"), empty when none.
+    summary: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.started or self.restarted or self.retried or self.stopped or self.failed)
@@ -695,14 +697,12 @@ class RuleManager:
             running.remove(entry)
             result.stopped.append(name)
         self._record_invalid(invalid, current, status, result)
-        # One line per sync (a deploy is worth seeing at the default level; ten lines a start are not).
-        changes = [f"{what} {', '.join(names)}" for what, names in (
+        # One line per sync for the stream's output (a deploy is worth seeing; ten lines a start are not).
+        result.summary = "; ".join(f"{what} {', '.join(names)}" for what, names in (
             ("started", result.started), ("restarted", result.restarted), ("stopped", result.stopped),
             ("started now that their input tables exist",
              [e.name for e in running if e.name in result.retried and not isinstance(e.query, StoppedQuery)]))
-            if names]
-        if changes:
-            log.warning("%s", "; ".join(changes))
+            if names)
         return result
 
     @staticmethod
