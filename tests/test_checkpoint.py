@@ -83,6 +83,36 @@ def test_the_etl_is_idle_only_when_a_committed_batch_read_every_landing_file(tmp
     assert not etl.idle(lake)
 
 
+def test_a_file_of_an_open_batch_is_not_processed_when_its_sources_log_numbers_lag(tmp_path):
+    """A file source numbers its own log: batch 1 took EVE alone, so batch 2's Zeek file is Zeek's
+    log batch 1. With batch 2 planned, not committed, that file is not processed (retention would
+    delete it before a replay of batch 2 reads it), whatever the query's committed batch id."""
+    from pipelines import etl
+    from pipelines.checkpoint import newest_source_files
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    zeek_0, eve_0, eve_1, zeek_1 = (lake.home.landing / s / n for s, n in (
+        ("zeek", "conn.08.log"), ("suricata", "eve.08.json"), ("suricata", "eve.09.json"), ("zeek", "conn.09.log")))
+    cp = lake.home.checkpoint(etl.QUERY_NAME)
+    for n, offsets in enumerate(([0, 0], [0, 1], [1, 1])):
+        (cp / "offsets").mkdir(parents=True, exist_ok=True)
+        (cp / "offsets" / str(n)).write_text("v1\n{}\n" + "\n".join(f'{{"logOffset":{o}}}' for o in offsets))
+    for n in (0, 1):
+        (cp / "commits").mkdir(exist_ok=True)
+        (cp / "commits" / str(n)).write_text("v1\n{}")
+    for source, log_batch, path in ((0, 0, zeek_0), (1, 0, eve_0), (1, 1, eve_1), (0, 1, zeek_1)):
+        (cp / "sources" / str(source)).mkdir(parents=True, exist_ok=True)
+        (cp / "sources" / str(source) / str(log_batch)).write_text(
+            f'v1\n{{"path":"{path.as_uri()}","timestamp":1000,"batchId":{log_batch}}}')
+    assert set(newest_source_files(cp)) == {zeek_1.as_uri(), eve_1.as_uri()}  # batch 2's file, and EVE's last
+    # EVE's last file, committed, may be left out too while batch 2 is open (the log cannot tell).
+    assert {str(zeek_0), str(eve_0)} <= etl.processed_files(lake) <= {str(zeek_0), str(eve_0), str(eve_1)}
+    (cp / "commits" / "2").write_text("v1\n{}")
+    assert etl.processed_files(lake) == {str(p) for p in (zeek_0, eve_0, eve_1, zeek_1)}
+
+
 def test_leftovers_of_a_kill_before_batch_0_are_cleared_and_nothing_else(tmp_path):
     cp = tmp_path / "cp"
     for folder in ("offsets", "commits", "state"):
