@@ -81,7 +81,9 @@ def run_cli(*argv: str) -> int:
 
 def test_rules_list_and_validate_commands(tmp_path, capsys):
     assert run_cli("rules", "list", "--rules", str(RULES)) == 0
-    assert "dns_exfiltration" in capsys.readouterr().out
+    listed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("dns_exfiltration ") for line in listed)
+    assert len({line.index(" v") for line in listed}) == 1, "the version column moves with the slug's length"
     assert run_cli("rules", "validate", str(RULES)) == 0
     (tmp_path / "bad.sql").write_text("/* id: x */ SELECT 1")
     assert run_cli("rules", "validate", str(RULES / "dns" / "dns_tunneling.sql"), str(tmp_path / "bad.sql")) == 1

@@ -110,8 +110,9 @@ def find_rule(name: str, rules_dir: str | os.PathLike) -> Rule:
 
 def cmd_list(args: argparse.Namespace) -> int:
     pack = scan_rules(rules_folder(args))
+    width = max((len(rule.slug) for rule in pack.rules), default=0)
     for rule in pack.rules:
-        print(f"{rule.slug:<26} v{rule.version:<3} {rule.severity:<8} {','.join(rule.mitre):<22} {rule.name}")
+        print(f"{rule.slug:<{width}} v{rule.version:<3} {rule.severity:<8} {','.join(rule.mitre):<22} {rule.name}")
     for reason in pack.errors.values():
         print(f"INVALID {reason}")
     return 1 if pack.errors else 0
