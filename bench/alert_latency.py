@@ -254,13 +254,16 @@ def main(argv: list[str] | None = None) -> int:
                 floor_seen.setdefault(row["value"], mtime)
 
     # The measured feed starts once every query is up (the first progress reports of the table
-    # queries and of the rules' application, which starts after them) and the warm-up is in
-    # silver, so its first files queue neither behind the warm-up nor behind a JVM's start.
+    # queries and of the rules' application, which starts after them, every rule past its first
+    # micro-batch) and the warm-up is in silver, so its first files queue neither behind the
+    # warm-up nor behind a JVM's start.
     deadline = time.monotonic() + 600
+    rule_queries = {f"rule_{r['slug']}".encode() for r in rules.values()}
 
     def up() -> bool:
         lines = (work / "stream.log").read_bytes().splitlines()
-        return any(ln.startswith(b"etl:") for ln in lines) and any(ln.startswith(b"rule_") for ln in lines)
+        past_first = {ln.split(b":", 1)[0] for ln in lines if ln.startswith(b"rule_") and b" batch" in ln}
+        return any(ln.startswith(b"etl:") for ln in lines) and rule_queries <= past_first
 
     while not (up() and warm_names <= silver_seen.keys()):
         if stream.poll() is not None or time.monotonic() > deadline:
