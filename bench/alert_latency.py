@@ -260,16 +260,19 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + 600
     rule_queries = {f"rule_{r['slug']}".encode() for r in rules.values()}
 
-    def up() -> bool:
+    def not_up() -> set[str]:
+        """The queries not yet reporting (the ETL), or still in their first micro-batch (the rules)."""
         lines = (work / "stream.log").read_bytes().splitlines()
         past_first = {ln.split(b":", 1)[0] for ln in lines if ln.startswith(b"rule_") and b" batch" in ln}
-        return any(ln.startswith(b"etl:") for ln in lines) and rule_queries <= past_first
+        etl = set() if any(ln.startswith(b"etl:") for ln in lines) else {b"etl"}
+        return {q.decode() for q in etl | (rule_queries - past_first)}
 
-    while not (up() and warm_names <= silver_seen.keys()):
+    while not_up() or not warm_names <= silver_seen.keys():
         if stream.poll() is not None or time.monotonic() > deadline:
             print((work / "stream.log").read_text(errors="replace")[-3000:])
-            print(f"seclake stream did not take in the warm-up within 600 s "
-                  f"({len(warm_names & silver_seen.keys())} of {len(warm_names)} files in silver): nothing measured")
+            waiting = f"; not up or in a first micro-batch: {', '.join(sorted(not_up()))}" if not_up() else ""
+            print(f"seclake stream did not take in the warm-up within 600 s ({len(warm_names & silver_seen.keys())} "
+                  f"of {len(warm_names)} files in silver{waiting}): nothing measured")
             print("RESULT per_event_p95_s=nan threshold_p95_s=nan silver_p95_s=nan enriched_p95_s=nan floor_p95_s=nan")
             common.stop_gracefully(stream, timeout=60)
             return 1

@@ -115,22 +115,33 @@ def test_a_generated_day_raises_every_scenario_and_stream_equals_backtest(spark,
         line.split()[0] for line in planted if "c2_beaconing" in line}
 
 
+def alerts_of_real_logs(spark, tmp_path, files: dict[str, Path], enriched: str, slugs: tuple[str, ...]) -> list:
+    """`files` (landing name -> a real log) through run-once's ETL, attribution into `enriched`
+    and the rules `slugs` only; the alerts, after checking that no stage failed."""
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    for name, path in files.items():
+        (lake.home.landing / name).parent.mkdir(parents=True, exist_ok=True)
+        (lake.home.landing / name).write_bytes(path.read_bytes())
+    pack = {r.slug: r for r in scan_rules(RULES_DIR).rules}
+    wanted = ["etl", "end_of_input", "dhcp_leases", enriched, *(pack[slug].query_name for slug in slugs)]
+    reports = jobs.run_once(spark, lake, only=wanted)
+    assert all(r.error is None for r in reports), [r.line() for r in reports if r.error]
+    return read_table(spark, lake.path(ALERTS_TABLE)).collect()
+
+
+def rule_id(slug: str) -> str:
+    return next(r.id for r in scan_rules(RULES_DIR).rules if r.slug == slug)
+
+
 def test_the_real_captures_inbound_exploits_raise_an_alert_naming_the_server(spark, tmp_path, real_logs):
     """The real Suricata capture: two priority-1 alerts, inbound exploits of 192.168.1.129:80, a host no
     DHCP line names (and no device inventory). The rule for hosts without an inventory device raises
     one alert per signature; the one for inventory devices raises none."""
-    lake = Lake(Home.resolve(tmp_path / "home").create())
-    landing = lake.home.landing / "suricata"
-    landing.mkdir(parents=True)
-    (landing / "eve.json").write_bytes((real_logs / "suricata" / "eve.json").read_bytes())
-    pack = {r.slug: r for r in scan_rules(RULES_DIR).rules}
-    wanted = ["etl", "end_of_input", "dhcp_leases", "enriched_ids_alerts",
-              *(pack[slug].query_name for slug in ("high_severity_ids_alert", "high_severity_ids_alert_unknown_host"))]
-    reports = jobs.run_once(spark, lake, only=wanted)
-    assert all(r.error is None for r in reports), [r.line() for r in reports if r.error]
-    alerts = read_table(spark, lake.path(ALERTS_TABLE)).collect()
+    eve = {"suricata/eve.json": real_logs / "suricata" / "eve.json"}
+    alerts = alerts_of_real_logs(spark, tmp_path, eve, "enriched_ids_alerts",
+                                 ("high_severity_ids_alert", "high_severity_ids_alert_unknown_host"))
     found = sorted((a.rule_id, a.src_ip, a.mac, json.loads(a.details)["signature_id"]) for a in alerts)
-    unknown = pack["high_severity_ids_alert_unknown_host"].id
+    unknown = rule_id("high_severity_ids_alert_unknown_host")
     assert found == [(unknown, "192.168.1.129", None, 2019309), (unknown, "192.168.1.129", None, 2020899)]
     assert all("192.168.1.129 (no DHCP lease held it" in a.evidence for a in alerts)
 
@@ -140,24 +151,17 @@ def test_the_real_remcos_hosts_refused_c2_retries_raise_one_alert_naming_its_dev
     66.63.168.35:5888, all in one ten-minute window; its one DHCP renewal names the MAC. No other
     host and server pair of the capture fails 30 times, and c2_beaconing, which times connections,
     finds nothing."""
-    lake = Lake(Home.resolve(tmp_path / "home").create())
-    landing = lake.home.landing / "zeek"
-    landing.mkdir(parents=True)
-    for name in ("conn", "dhcp"):
-        (landing / f"{name}.log").write_bytes((real_logs / "zeek-tsv-labeled" / f"{name}.log.labeled").read_bytes())
-    pack = {r.slug: r for r in scan_rules(RULES_DIR).rules}
-    wanted = ["etl", "end_of_input", "dhcp_leases", "enriched_conn",
-              *(pack[slug].query_name for slug in ("repeated_failed_connections", "c2_beaconing"))]
-    reports = jobs.run_once(spark, lake, only=wanted)
-    assert all(r.error is None for r in reports), [r.line() for r in reports if r.error]
-    [alert] = read_table(spark, lake.path(ALERTS_TABLE)).collect()
+    labelled = real_logs / "zeek-tsv-labeled"
+    zeek = {f"zeek/{n}.log": labelled / f"{n}.log.labeled" for n in ("conn", "dhcp")}
+    [alert] = alerts_of_real_logs(spark, tmp_path, zeek, "enriched_conn",
+                                  ("repeated_failed_connections", "c2_beaconing"))
     details = json.loads(alert.details)
-    assert (alert.rule_id, alert.src_ip, alert.mac) == (pack["repeated_failed_connections"].id, "192.168.1.107",
+    assert (alert.rule_id, alert.src_ip, alert.mac) == (rule_id("repeated_failed_connections"), "192.168.1.107",
                                                         "08:00:27:5e:9a:a6")
     assert (details["dst_ip"], details["dst_port"]) == ("66.63.168.35", 5888)
     # A connection is its 5-tuple (community_id): the host reuses source ports, so 719 log rows are
     # fewer connections, and the one S0 reuses a port refused half a second before.
-    rows = [line.split("\t") for line in (real_logs / "zeek-tsv-labeled" / "conn.log.labeled").read_text().splitlines()
+    rows = [line.split("\t") for line in (labelled / "conn.log.labeled").read_text().splitlines()
             if not line.startswith("#")]
     ports = {r[3] for r in rows if r[4:6] == ["66.63.168.35", "5888"] and r[11] in ("REJ", "S0")}
     assert details["failed"] == details["refused"] == len(ports) >= 30
