@@ -26,7 +26,8 @@ HOUR = 3600 * US
 
 SCENARIOS = (
     "dns_exfiltration", "dns_tunneling", "dga", "port_scan", "c2_beaconing",
-    "ids_alert_reused_ip", "dhcp_starvation", "roaming_laptop", "new_device",
+    "ids_alert_reused_ip", "dhcp_starvation", "roaming_laptop", "new_device", "c2_retry",
+    "exploit_static_host",
 )
 # Injected to test attribution (a laptop's traffic must follow each of its leases), not attacks:
 # a backtest neither asks a rule to find them nor counts an alert on them as true.
@@ -52,6 +53,11 @@ BEACON_JITTER = 3 * US         # uniform +-3 s
 STARVATION_MACS = 150
 STARVATION_WINDOW = 90 * US
 STARVATION_FULL = 0.25         # share of spoofed clients that complete DISCOVER..ACK
+RETRY_ATTEMPTS = 90            # refused connections to a dead C2 server ...
+RETRY_WINDOW = 12 * MIN        # ... evenly spread (+-2 s) over this; any 10 min window split holds >= 45
+RETRY_PORTS = (1604, 4444, 5888, 8443)
+STATIC_HOST = 7                # the last octet of a wired address outside the DHCP pool (.10 up)
+EXPLOIT_ATTEMPTS = 3           # inbound exploit requests, one IDS alert each, within 60 s
 
 OPEN_PORTS = {
     "server": {22, 53, 80, 88, 135, 139, 389, 443, 445, 3389, 5985},
@@ -61,6 +67,8 @@ OPEN_PORTS = {
 SIG_SCAN = (2009582, 3, "ET SCAN NMAP -sS window 1024", "Attempted Information Leak", 2)
 SIG_SSH_SCAN = (2001219, 20, "ET SCAN Potential SSH Scan", "Attempted Information Leak", 2)
 SIG_MALWARE = (2036726, 2, "ET MALWARE Win32/IcedID Request Cookie", "A Network Trojan was detected", 1)
+SIG_EXPLOIT = (2034647, 3, "ET EXPLOIT Apache log4j RCE Attempt (http ldap) (CVE-2021-44228)",
+               "Attempted Administrator Privilege Gain", 1)
 B32 = string.ascii_lowercase + "234567"
 HEX = "0123456789abcdef"
 
@@ -206,6 +214,23 @@ def plan_scenarios(org: Org, plan: Plan, seed: int, window: int = 0
     org.devices.append(nd)
     plan.presence[nd.idx] = [Seg(t0, E, nd.subnet)]
     inc.append(Incident("new_device", nd, t0, E))
+
+    # malware retrying its command-and-control server, which refuses every connection
+    t0 = at(0.44)
+    dur = min(RETRY_WINDOW, max(MIN, W // 10))
+    d = actor(clients)
+    force_present(plan, d, t0 - MIN, t0 + dur + MIN)
+    inc.append(Incident("c2_retry", d, t0, t0 + dur))
+
+    # a forgotten server with a static address (no DHCP, not in the inventory) exploited from outside;
+    # not in org.devices: it has no lease and no traffic of its own
+    t0 = at(0.92)
+    wired = org.wired_subnets[0]
+    nas = Device(idx=-1, mac="00:11:32:" + ":".join(f"{rng.randrange(256):02x}" for _ in range(3)),
+                 hostname="nas-old", owner="", owner_email="", department="", device_type="server",
+                 os="Synology DSM", first_seen="", subnet=wired.idx, reserved_ip=f"{wired.prefix}.{STATIC_HOST}",
+                 in_inventory=False)
+    inc.append(Incident("exploit_static_host", nas, t0, t0 + MIN))
     return inc, spoofed
 
 
@@ -410,4 +435,36 @@ def emit_scenarios(org: Org, plan: Plan, incidents: list[Incident], sink: Sink, 
                     t += rng.randrange(8 * MIN, 20 * MIN)
                 inc.details = {"hostname": d.hostname, "vendor": "Raspberry Pi Trading", "ssh_remote": ssh,
                                "first_dhcp": iso(h.start)}
+        elif s == "c2_retry":
+            ip = plan.ip_at(d.idx, inc.start)
+            c2 = org.ext_pool[rng.randrange(len(org.ext_pool))]
+            port = rng.choice(RETRY_PORTS)
+            step = (inc.end - inc.start) // RETRY_ATTEMPTS
+            times = [inc.start + k * step + rng.randrange(-min(2 * US, step // 2), min(2 * US, step // 2) + 1)
+                     for k in range(RETRY_ATTEMPTS)]
+            for t in times:
+                uid, fid, _ = sink.conn_flow(t, ip, rng.randrange(49152, 65535), c2, port, TCP, None, None,
+                                             rng.randrange(150, 2_000), 0, 0, "REJ", "Sr", 1, 44, 1, 40)
+                inc.ids += [uid, str(fid)]
+            inc.host_ip = ip
+            inc.start, inc.end = min(times), max(times)
+            inc.details = {"c2_ip": c2, "c2_port": port, "attempts": RETRY_ATTEMPTS, "conn_state": "REJ",
+                           "window_s": (inc.end - inc.start) // US}
+        elif s == "exploit_static_host":
+            ip = d.reserved_ip
+            attacker = org.ext_pool[rng.randrange(len(org.ext_pool))]
+            times = sorted(inc.start + rng.randrange(60 * US) for _ in range(EXPLOIT_ATTEMPTS))
+            for t in times:
+                sport = rng.randrange(32768, 60999)
+                ob, rb = rng.randrange(400, 900), rng.randrange(150, 600)
+                uid, fid, cid = sink.tcp(t, attacker, sport, ip, 8080, "http", "http", rng.randrange(20_000, 200_000),
+                                         ob, rb, alerted=True)
+                inc.ids += [uid, str(fid)]
+                sink.alert(t + 4_000, t, attacker, sport, ip, 8080, TCP, fid, cid, SIG_EXPLOIT, "http",
+                           (3, 2, ob + 66 * 3, 200))
+            inc.host_ip = ip
+            inc.start, inc.end = times[0], times[-1] + 4_000
+            inc.details = {"attacker_ip": attacker, "port": 8080, "attempts": EXPLOIT_ATTEMPTS,
+                           "signature_id": SIG_EXPLOIT[0], "signature": SIG_EXPLOIT[2], "severity": SIG_EXPLOIT[4],
+                           "static_address": True}
         tr.track = None

@@ -39,6 +39,8 @@ SCENARIO_RULES = {
     "ids_alert_reused_ip": "high_severity_ids_alert",
     "dhcp_starvation": "dhcp_starvation",
     "new_device": "unknown_device",
+    "c2_retry": "repeated_failed_connections",
+    "exploit_static_host": "high_severity_ids_alert_unknown_host",
 }
 
 
