@@ -67,7 +67,7 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     with Progress("run-once", steps=[n for n in names if not args.only or n in args.only]) as progress:
         def start_spark() -> SparkSession:
             progress.working_on("starting Spark")
-            spark = get_spark(app_name="seclake-run-once")
+            spark = get_spark(app_name=f"seclake-run-once {lake.home.root}")
             progress.working_on()
             return spark
 
@@ -86,7 +86,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
     _use_rules(args)
     lake = _lake(args)
     child = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the rules application, which its parent stops
-    spark = get_spark(app_name="seclake-rules" if args.only == "rules" else "seclake-stream", ignore_ctrl_c=child)
+    # The home in the name: a cluster's UI lists every home's applications side by side.
+    app = "seclake-rules" if args.only == "rules" else "seclake-stream"
+    spark = get_spark(app_name=f"{app} {lake.home.root}", ignore_ctrl_c=child)
     settings = _settings(args)
     name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
     stop = "SIGTERM" if child else "Ctrl-C"

@@ -3,8 +3,10 @@
 tables and alerts as a local run. Run with `bash .ci/test -m "s3 or cluster"` (CI does)."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import urllib.request
 import uuid
 
 import pytest
@@ -48,3 +50,8 @@ def test_run_once_on_a_standalone_cluster_with_the_lake_on_s3_equals_a_local_run
     # The work ran on the cluster: each worker started executors for this run's applications.
     for worker in ("worker-1", "worker-2"):
         assert list((cluster.folder / worker).glob("app-*/*/stderr")), f"{worker} ran no executor"
+    # The master's UI names the run by its home, so several homes' runs on one cluster are told apart.
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.ui_port()}/json/", timeout=10) as answer:
+        apps = json.load(answer)
+    names = [a["name"] for a in apps["activeapps"] + apps["completedapps"]]
+    assert f"seclake-run-once {home.root}" in names, names
