@@ -17,9 +17,15 @@ def interval_seconds(value: str) -> int:
 
     >>> interval_seconds("2 hours")
     7200
+    >>> interval_seconds("0 minutes")
+    Traceback (most recent call last):
+    ...
+    ValueError: '0 minutes' is not an interval above zero
     """
     match = INTERVAL.fullmatch(str(value).strip().lower())
-    if not match or int(match.group(1)) == 0:
+    if match and int(match.group(1)) == 0:
+        raise ValueError(f"{value!r} is not an interval above zero")
+    if not match:
         raise ValueError(f"{value!r} is not an interval like '10 minutes' (units: seconds, minutes, hours, days)")
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 

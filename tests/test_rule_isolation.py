@@ -119,6 +119,8 @@ def test_a_batch_over_its_budget_is_stopped_and_counted(spark, tmp_path, lake):
     assert time.monotonic() - started < 120
     health = RuleStatus(spark, lake).get(slow.slug, slow.content_hash)
     assert health.state == FAILING and "ran over its budget of 3 seconds" in health.reason, rep.line()
+    # Its report fails too (run-once prints FAILED and exits 1), not "nothing new".
+    assert rep.error and "slow_rule: a micro-batch ran over its budget of 3 seconds" in rep.error, rep.line()
 
 
 def test_a_rule_the_application_died_in_is_charged_at_its_next_start(spark, tmp_path, lake):

@@ -79,3 +79,13 @@ def test_a_case_of_a_rule_calling_a_misspelt_function_fails_naming_the_line_and_
     result = run_case(spark, rule, case)
     assert not result.passed and "UNRESOLVED_ROUTINE" in result.message
     assert result.message.endswith(f"dns_tunneling.sql line {line}; did you mean length()?"), result.message
+
+
+def test_a_case_expecting_another_value_shows_the_alert_it_got_in_that_column(spark):
+    rule = validate_rule(RULES_DIR / "dns" / "dga_nxdomain_burst.sql")
+    case = next(c for c in load_cases(rule) if c.alerts)
+    wrong = type(case)(case.name, case.inputs, [{**case.alerts[0], "first_seen": "2020-01-01 00:00:00"}])
+    result = run_case(spark, rule, wrong)
+    assert not result.passed and "expected alert not raised" in result.message
+    got = result.message.split("unexpected alert: ", 1)[1]
+    assert "first_seen: 2026-" in got, result.message  # the column compared, with the value produced

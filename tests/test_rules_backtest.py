@@ -104,7 +104,7 @@ def test_report_prints_aligned_tables():
     result = Backtest(validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql"), None, None, alerts,
                       scores=score(alerts, INCIDENTS[:3]))
     lines = result.lines()
-    assert lines[0] == f"dga_nxdomain_burst v{result.rule.version} (medium) over start .. end: 3 alerts"
+    assert lines[0] == f"dga_nxdomain_burst v{result.rule.version} (medium) over all history: 3 alerts"
     table = next(block for block in lines if block.startswith("src_ip")).splitlines()
     assert table[0].split() == ["src_ip", "mac", "device", "owner", "alerts"]
     assert table[2].split() == ["10.0.1.14", "f4:8e:38:02:83:59", "laptop-with-a-long-name", "ana", "2"]
@@ -112,6 +112,15 @@ def test_report_prints_aligned_tables():
     assert len(table[2]) == len(table[3])  # counts end in the same column
     assert any(line.split() == ["dga", "1", "1"] for block in lines for line in block.splitlines())
     assert lines[-1] == "not hit (1 of the ground truth's 3 scenarios): dhcp_starvation"
+
+
+def test_a_span_and_an_empty_ground_truth_are_said_as_they_are():
+    alerts = [dict(alert("13:40", "13:50", "10.0.1.14", None), device=None, owner=None, evidence="x")]
+    rule = validate_rule(RULES / "dns" / "dga_nxdomain_burst.sql")
+    since = datetime(2026, 11, 20, tzinfo=timezone.utc)
+    lines = Backtest(rule, since, None, alerts, scores=score(alerts, [])).lines()
+    assert lines[0].endswith("over 2026-11-20 00:00:00 .. the last event: 1 alerts"), lines[0]
+    assert lines[-1] == "ground truth: it holds no incident, so nothing is scored"  # not "precision 0.0%"
 
 
 def test_the_headline_counts_what_each_suppression_removes():

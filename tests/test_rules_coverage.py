@@ -66,3 +66,11 @@ def test_one_entry_per_technique_with_its_rules(written):
     dns = next(row for row in rows if row.startswith("| T1071.004 |"))
     assert "command-and-control" in dns and "`dns_tunneling`" in dns and "`dns_exfiltration`" in dns
     assert [line.split()[0] for line in stdout.splitlines()[2:]] == sorted(expected)
+
+
+def test_every_technique_of_the_shipped_pack_has_its_tactics():
+    # A technique missing from TACTICS shows '-' in the table: a rule added without its tactic.
+    from pipelines.rules.coverage import tactics
+
+    missing = sorted({t for rule in PACK.rules for t in rule.mitre if not tactics(t)})
+    assert not missing, f"add {missing} to pipelines.rules.coverage.TACTICS"

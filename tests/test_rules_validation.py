@@ -521,6 +521,20 @@ def test_a_tests_file_column_typo_is_named_with_the_closest_column():
         parse_cases(tests, validate_rule(rule_text()))
 
 
+@pytest.mark.parametrize("row, error", [
+    ("{event_time: '2026-11-20 10:00:00', repeat: 2, every: 1 sec}", r"every: '1 sec' is not an interval"),
+    ("{event_time: '2026-11-20 10:00:00', repeat: 2, query: 'q{i:zz}'}",
+     r"'\{i:...\}' in a value: Unknown format code"),
+])
+def test_a_tests_file_repeat_error_is_a_rule_error_naming_the_case(row, error):
+    # A RuleError is one failed result of that tests file; anything else stopped the whole `rules test`.
+    from pipelines.rules.testing import parse_cases
+
+    tests = f"cases:\n  - name: one\n    input:\n      enriched_dns:\n        - {row}\n    alerts: []\n"
+    with pytest.raises(RuleError, match=rf"case 'one'.*{error}"):
+        parse_cases(tests, validate_rule(rule_text()))
+
+
 def test_a_column_error_names_its_first_place_and_the_querys_own_names():
     cte = ("WITH hits AS (SELECT src_ip, mac, device, owner, event_time, query AS sessions FROM enriched_dns)\n"
            f"SELECT {COLUMNS} FROM hits {GROUP} HAVING max(sesions) > 1")

@@ -160,7 +160,8 @@ class Backtest:
         """The report: a headline, then aligned tables (alerts per day, per entity, recall, diff)."""
         from pipelines.terminal import format_table
 
-        span = f"{_fmt(self.start) if self.start else 'start'} .. {_fmt(self.end) if self.end else 'end'}"
+        span = (f"{_fmt(self.start) if self.start else 'the first event'} .. "
+                f"{_fmt(self.end) if self.end else 'the last event'}") if self.start or self.end else "all history"
         out = [f"{self.rule.slug} v{self.rule.version} ({self.rule.severity}) over {span}: {len(self.alerts)} alerts"]
         suppressed = Counter(a["suppressed_by"] for a in self.alerts if a.get("suppressed_by"))
         if suppressed:
@@ -170,7 +171,9 @@ class Backtest:
             out += ["", format_table(["day", "alerts"], [(str(day), n) for day, n in self.per_day().items()])]
             out += ["", format_table(["src_ip", "mac", "device", "owner", "alerts"],
                                      [(*entity, n) for entity, n in self.entities()])]
-        if self.scores is not None:
+        if self.scores is not None and not self.scores.recall:
+            out += ["", "ground truth: it holds no incident, so nothing is scored"]
+        elif self.scores is not None:
             p = self.scores.precision
             out += ["", f"ground truth: precision {'n/a' if p is None else f'{p:.1%}'} "
                         f"({self.scores.true_alerts}/{self.scores.alerts} alerts belong to an injected incident)"]

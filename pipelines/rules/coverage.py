@@ -22,11 +22,13 @@ TACTICS: dict[str, tuple[str, ...]] = {
     "T1046": ("discovery",),
     "T1048": ("exfiltration",),
     "T1071": ("command-and-control",),
+    "T1190": ("initial-access",),
     "T1200": ("initial-access",),
     "T1204": ("execution",),
     "T1498": ("impact",),
     "T1557": ("credential-access", "collection"),
     "T1568": ("command-and-control",),
+    "T1571": ("command-and-control",),
     "T1572": ("command-and-control",),
     "T1573": ("command-and-control",),
 }

@@ -298,6 +298,8 @@ class RuleQuery:
         return True if timeout is not None else None
 
     def exception(self) -> BaseException | None:
+        if self._writer.overrun:  # stopped by `check_budget`: Spark sees a clean stop, seclake a failure
+            return RuleRunError(f"rule {self._writer.rule.slug}: {self._writer.overrun}; stopped")
         exc = self._query.exception()
         if exc is None or self._writer.error is None:
             return exc

@@ -120,7 +120,8 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
         for alert in expected:
             bad = [k for k in alert if k.removesuffix("_contains") not in ALERTS_SCHEMA.fieldNames()]
             if bad:
-                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns")
+                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns (a rule's own "
+                                "columns are in `details`: check them with `details_contains`)")
         cases.append(Case(name, rows, expected))
     return cases
 
@@ -144,7 +145,10 @@ def expand_rows(table: str, items: list, defaults: dict | None = None, where: st
         every = spec.pop("every", None)
         if not isinstance(repeat, int) or repeat < 1:
             raise RuleError(f"{where}: repeat must be a positive integer, got {repeat!r}")
-        step = timedelta(seconds=interval_seconds(every)) if every is not None else timedelta(0)
+        try:
+            step = timedelta(seconds=interval_seconds(every)) if every is not None else timedelta(0)
+        except ValueError as exc:
+            raise RuleError(f"{where}: every: {exc}") from None
         unknown = sorted(set(spec) - set(schema.fieldNames()))
         if unknown:
             close = {u: difflib.get_close_matches(u, schema.fieldNames(), n=1) for u in unknown}
@@ -152,7 +156,10 @@ def expand_rows(table: str, items: list, defaults: dict | None = None, where: st
             raise RuleError(f"{where}: column(s) {unknown} are not in {table}"
                             + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
         for i in range(repeat):
-            row = {k: _indexed(v, i) for k, v in spec.items()}
+            try:
+                row = {k: _indexed(v, i) for k, v in spec.items()}
+            except ValueError as exc:  # a format spec that does not fit an integer: '{i:zz}'
+                raise RuleError(f"{where}: '{{i:...}}' in a value: {exc}") from None
             row = _typed(row, schema, where)
             if "event_time" in schema.fieldNames() and row.get("event_time") is not None:
                 row["event_time"] = row["event_time"] + step * i
@@ -230,7 +237,8 @@ def run_case(spark: SparkSession, rule: Rule, case: Case) -> CaseResult:
     if not missing and not unmatched:
         return CaseResult(rule.slug, case.name, True)
     problems = [f"expected alert not raised: {e}" for e in missing]
-    problems += [f"unexpected alert: {_brief(a)}" for a in unmatched]
+    named = [k.removesuffix("_contains") for e in case.alerts for k in e]
+    problems += [f"unexpected alert: {_brief(a, named)}" for a in unmatched]
     return CaseResult(rule.slug, case.name, False, "; ".join(problems))
 
 
@@ -253,8 +261,15 @@ def _matches(alert: dict, expected: dict) -> bool:
     return True
 
 
-def _brief(alert: dict) -> str:
-    keys = ("src_ip", "mac", "device", "window_start", "window_end", "evidence")
+def _brief(alert: dict, named: list[str]) -> str:
+    """The alert's usual columns and those the case's expected alerts name (the ones it was compared on).
+
+    >>> _brief({"src_ip": "10.0.0.1", "mac": None, "device": None, "window_start": 1, "window_end": 2,
+    ...         "evidence": "e", "first_seen": 1}, ["first_seen", "src_ip"])
+    '{src_ip: 10.0.0.1, mac: None, device: None, window_start: 1, window_end: 2, evidence: e, first_seen: 1}'
+    """
+    keys: tuple[str, ...] = ("src_ip", "mac", "device", "window_start", "window_end", "evidence")
+    keys += tuple(dict.fromkeys(k for k in named if k not in keys and k in alert))
     return "{" + ", ".join(f"{k}: {alert[k]}" for k in keys) + "}"
 
 
