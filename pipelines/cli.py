@@ -262,5 +262,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `seclake` command: `main`, then exit with its code.
+
+    A command that read a table through delta-rs and started no JVM leaves without the
+    interpreter's teardown, where delta-rs's runtime threads abort the process at random
+    ("terminate called without an active exception", exit 134: 5 of 30 `rules status` runs;
+    delta-rs issue 2184) after the command's work and output are done.
+    """
+    code = main()
+    context = sys.modules.get("pyspark.core.context")
+    if "deltalake" in sys.modules and (context is None or context.SparkContext._gateway is None):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -189,3 +189,22 @@ def test_operator_commands_refuse_a_folder_that_is_not_a_home(tmp_path, command)
     assert typo.returncode == 2 and typo.stdout == "", typo.stdout
     assert typo.stderr.startswith(f"seclake {command[0]}: {tmp_path / 'nope'} is not a seclake home"), typo.stderr
     assert not (tmp_path / "nope").exists()
+
+
+def test_rules_status_read_by_delta_rs_exits_with_its_own_code_every_time(spark, tmp_path):
+    # delta-rs's threads aborted 5 of 30 such runs at the interpreter's teardown (exit 134,
+    # "terminate called without an active exception"); `pipelines.cli.run` leaves without it.
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.rules.health import RuleHealth
+    from pipelines.rules.pack import scan_rules
+    from pipelines.rules.status import RuleStatus, utc_now
+
+    home = Home.resolve(tmp_path / "home").create()
+    rule = scan_rules(REPO / "rules").rules[0]
+    RuleStatus(spark, Lake(home)).put(RuleHealth.fresh(rule.slug, rule.content_hash).failed(
+        "boom", utc_now(), max_failures=3, retry_s=60))
+    for _ in range(20):
+        run = seclake("rules", "status", "--home", str(home.root), timeout=120)
+        assert run.returncode == 0 and run.stderr == "", (run.returncode, run.stderr[-500:])
+        assert f"{rule.slug} " in run.stdout and "failing, 1 failure(s) in a row" in run.stdout, run.stdout
