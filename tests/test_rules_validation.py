@@ -557,3 +557,17 @@ def test_a_duplicate_with_the_same_modification_time_is_said_to_be_a_tie(tmp_pat
     [reason] = scan_rules(tmp_path).errors.values()
     assert reason.startswith(f"{tmp_path / 'dns' / 'b_rule.sql'}: duplicate id ")
     assert "the id of " + str(tmp_path / "dns" / "a_copy.sql") + " (same modification time; the first by path" in reason
+
+
+def test_a_missing_struct_field_is_placed_on_the_line_that_uses_it(tmp_path):
+    # Spark points at `w.finish`; the word `w` alone first appears where the window is defined.
+    source = Path(__file__).resolve().parents[1] / "rules" / "dns" / "dga_nxdomain_burst.sql"
+    path = tmp_path / source.name
+    text = source.read_text().replace("w.end AS window_end", "w.finish AS window_end")
+    path.write_text(text)
+    rule = validate_rule(path)
+    row, line = next((n, line) for n, line in enumerate(rule.sql.splitlines(), 1) if "w.finish" in line)
+    spark_says = (f"[FIELD_NOT_FOUND] No such struct field `finish` in `start`, `end`. "
+                  f"line {row} pos {line.index('w.finish')}")
+    used = next(n for n, line in enumerate(text.splitlines(), 1) if "w.finish" in line)
+    assert rule.locate(spark_says).endswith(f"{path.name} line {used}")

@@ -130,7 +130,9 @@ class Rule:
         lines = self.sql.splitlines()
         if not found or self.path is None or not 0 < int(found[1]) <= len(lines):
             return message
-        word = re.match(r"[A-Za-z_]\w*", lines[int(found[1]) - 1][int(found[2]):])
+        # The whole dotted name when there is one: `w.finish` is on the line that uses the field,
+        # `w` alone first on the line that defines the struct.
+        word = re.match(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", lines[int(found[1]) - 1][int(found[2]):])
         try:
             text = self.path.read_text(encoding="utf-8")
         except OSError:
@@ -138,11 +140,12 @@ class Rule:
         if not word or "*/" not in text:
             return message
         first = text[:text.index("*/")].count("\n") + 1  # the file's line of the block's end
-        pattern = re.compile(rf"\b{re.escape(word[0])}\b", re.IGNORECASE)
-        for number, line in enumerate(text.splitlines()[first - 1:], first):
-            code = line.split("--", 1)[0] if number > first else line.split("*/", 1)[1].split("--", 1)[0]
-            if pattern.search(code):
-                return message.replace(found[0], f"{self.path.name} line {number}")
+        for name in dict.fromkeys((word[0], word[0].split(".")[0])):
+            pattern = re.compile(rf"\b{re.escape(name)}\b", re.IGNORECASE)
+            for number, line in enumerate(text.splitlines()[first - 1:], first):
+                code = line.split("--", 1)[0] if number > first else line.split("*/", 1)[1].split("--", 1)[0]
+                if pattern.search(code):
+                    return message.replace(found[0], f"{self.path.name} line {number}")
         return message
 
 
