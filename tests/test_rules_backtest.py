@@ -144,5 +144,7 @@ def test_rules_status_without_spark_shows_unrun_rules_and_the_packs_verdict(tmp_
     assert run_cli("rules", "status", "--home", str(home.root), "--rules", str(tmp_path / "rules")) == 1
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["a_copy"].split()[1] == "invalid:" and "duplicate id" in lines["a_copy"]
+    # Every state starts in one column, after the longest rule name.
+    assert len({len(line) - len(line.split(None, 1)[1]) for line in lines.values()}) == 1, list(lines.values())
     version = validate_rule(RULES / "dns" / "dns_tunneling.sql").version
     assert lines["dns_tunneling"].split(None, 1)[1] == f"ok (v{version} not run yet)"

@@ -287,6 +287,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     now.update({path.stem: health_of(recorded, path.stem, file_hash(path)).invalid(reason)
                 for path, reason in pack.errors.items()})
     healths = [now[slug] for slug in sorted(now)]
+    width = max((len(slug) for slug in now), default=0)
     for health in healths:
         slug = health.rule
         retry = f", next try after {health.retry_at:%Y-%m-%d %H:%M:%S} UTC" if health.retry_at else ""
@@ -296,7 +297,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                  and not lake.home.checkpoint(valid[slug].checkpoint_name).is_dir())
         # A rule's checkpoint is per version: a new version has not run even when the one before it has.
         never = f" (v{valid[slug].version} not run yet)" if unrun else ""
-        print(f"{slug:<28} {health.state}{never}{failures}{retry}{reason}")
+        print(f"{slug:<{width}}  {health.state}{never}{failures}{retry}{reason}")
     return 1 if any(h.state in (DISABLED, INVALID) for h in healths) else 0
 
 
