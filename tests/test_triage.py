@@ -128,6 +128,13 @@ def test_cli_acks_lists_and_shows(spark, lake, capsys):
     assert "2 incident(s)" in out.err
     assert main(["alerts", "close", "zzzz9999", *home]) == 2
     assert "zzzz9999 (no such alert)" in capsys.readouterr().err
+    # An id typed in capitals is the same id; acknowledging a closed alert is refused (reopen says it).
+    assert main(["alerts", "close", "CCCC33330", "--by", "ana", *home]) == 0
+    capsys.readouterr()
+    assert main(["alerts", "ack", "cccc33330", "aaaa11110", *home]) == 2
+    assert "cccc33330000 closed: `seclake alerts reopen` first; nothing written" in capsys.readouterr().err
+    assert main(["alerts", "list", "--status", "closed", *home]) == 0
+    assert [line.split()[0][:9] for line in capsys.readouterr().out.splitlines()[2:]] == ["cccc33330"]
 
 
 def test_incidents_group_an_entitys_alerts_in_time_and_score_distinct_rules(spark, lake):
@@ -192,6 +199,8 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
                now=T0)
     mac = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
     gone = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
+    device = add(spark, lake, Suppression("device", "LAPTOP-5", "a name in another case",
+                                          rule_id=RULE_IDS["dga_nxdomain_burst"]), now=T0)
     ended = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
     version = expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
     assert isinstance(version, int)
@@ -204,10 +213,15 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     later = T0 + timedelta(hours=2)
     marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake, at=later).collect()}
     # the CIDR covers .4-.5 for one rule; the MAC one every rule; the expired ones nothing.
-    assert marked == {"aaaa11110": None, "aaaa11119": mac, "bbbb22220": scan, "cccc33330": None}
+    assert marked == {"aaaa11110": device, "aaaa11119": mac, "bbbb22220": scan, "cccc33330": None}
     assert gone not in marked.values()
     with pytest.raises(ValueError, match="only IPv4"):
         Suppression("cidr", "2001:db8::/64", "v6")
+    for bad in ("not a domain;;", "com"):
+        with pytest.raises(ValueError, match="expected a domain name with a dot"):
+            Suppression("domain", bad, "typo")
+    with pytest.raises(ValueError, match="device: give the device's name"):
+        Suppression("device", " ", "blank")
     with pytest.raises(ValueError, match="no suppression 'nope'"):
         expire(spark, lake, "nope")
 

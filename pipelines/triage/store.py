@@ -45,6 +45,7 @@ def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
     that is too short, unknown or ambiguous."""
     if not lake.exists(ALERTS_TABLE):
         raise ValueError(f"no alerts table in {lake.home.root}: run the pipeline first")
+    given = [prefix.lower() for prefix in given]  # ids are lower-case hex
     condition = F.lit(False)
     for prefix in given:
         if len(prefix) >= MIN_PREFIX:
@@ -82,7 +83,11 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
     from pipelines.lake.merge import upsert
 
     resolved = resolve_ids(spark, lake, alert_ids)
-    ids = resolved if change.note else _changing(spark, lake, resolved, change)
+    states = _states(spark, lake, resolved)
+    closed = [i[:12] for i in resolved if change.status == ACKNOWLEDGED and states.get(i, (OPEN, None))[0] == CLOSED]
+    if closed:  # acknowledging would put a closed alert back in the queue: that is `reopen`'s to say
+        raise ValueError(f"alert(s) {', '.join(closed)} closed: `seclake alerts reopen` first; nothing written")
+    ids = resolved if change.note else _changing(states, resolved, change)
     unchanged = [i for i in resolved if i not in ids]
     if not ids:
         return Applied(None, [], unchanged)
@@ -102,16 +107,20 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
     return Applied(version, ids, unchanged)
 
 
-def _changing(spark: SparkSession, lake: Lake, ids: list[str], change: Change) -> list[str]:
+def _states(spark: SparkSession, lake: Lake, ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    """(status, assignee) of the alerts of `ids` that were ever triaged."""
+    if not lake.exists(TRIAGE_TABLE):
+        return {}
+    rows = (lake.read(spark, TRIAGE_TABLE).where(F.col("alert_id").isin(ids))
+            .select("alert_id", "status", "assignee"))
+    return {r.alert_id: (r.status, r.assignee) for r in rows.collect()}
+
+
+def _changing(states: dict[str, tuple[str, str | None]], ids: list[str], change: Change) -> list[str]:
     """The alerts of `ids` whose status or assignee `change` (without a note) would change."""
-    now: dict[str, tuple[str, str | None]] = {}
-    if lake.exists(TRIAGE_TABLE):
-        rows = (lake.read(spark, TRIAGE_TABLE).where(F.col("alert_id").isin(ids))
-                .select("alert_id", "status", "assignee"))
-        now = {r.alert_id: (r.status, r.assignee) for r in rows.collect()}
     return [i for i in ids
-            if (change.status is not None and now.get(i, (OPEN, None))[0] != change.status)
-            or (change.assignee is not None and now.get(i, (OPEN, None))[1] != change.assignee)]
+            if (change.status is not None and states.get(i, (OPEN, None))[0] != change.status)
+            or (change.assignee is not None and states.get(i, (OPEN, None))[1] != change.assignee)]
 
 
 def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:

@@ -23,6 +23,7 @@ from pipelines.lake.registry import Lake
 SUPPRESSIONS_TABLE = "suppressions"
 MATCH_TYPES = ("ip", "cidr", "mac", "device", "domain")
 MAC = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")
+DOMAIN = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}\.?")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Suppression:
         if self.match_type == "mac" and not MAC.fullmatch(self.match_value):
             raise ValueError(f"mac {self.match_value}: expected six hex pairs such as aa:bb:cc:00:11:22 "
                              "(how Zeek's DHCP log and the enriched tables write it)")
+        if self.match_type == "device" and not self.match_value.strip():
+            raise ValueError("device: give the device's name as the inventory writes it (any case)")
+        if self.match_type == "domain" and not DOMAIN.fullmatch(self.match_value.lower()):
+            # Matched as a substring of evidence and details: a bare word ('com') would match host names.
+            raise ValueError(f"domain {self.match_value!r}: expected a domain name with a dot, such as evil.test")
         if self.match_type == "cidr":
             network = ipaddress.ip_network(self.match_value, strict=False)
             if network.version != 4:
@@ -126,7 +132,7 @@ def mark(alerts: DataFrame, lake: Lake, at: datetime | None = None) -> DataFrame
         elif s.match_type == "mac":
             hit = F.lower(F.col("mac")) == value
         elif s.match_type == "device":
-            hit = F.col("device") == value
+            hit = F.lower(F.col("device")) == value.lower()  # host names are case-insensitive
         else:
             hit = (F.lower(F.coalesce(F.col("evidence"), F.lit(""))).contains(value)
                    | F.lower(F.coalesce(F.col("details"), F.lit(""))).contains(value))
