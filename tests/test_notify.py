@@ -115,6 +115,32 @@ def test_notify_delivers_pending_alerts_once_records_them_and_skips_suppressed(s
     assert [key for key, _, _ in receiver.received] == ["a0", "a3"]
 
 
+@pytest.mark.parametrize("receiver", [[503, 503]], indirect=True)
+def test_dead_lettered_alerts_are_sent_again_only_when_asked_and_then_once(spark, tmp_path, receiver):
+    from datetime import date, datetime
+
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.notify.outbox import NOTIFICATIONS_TABLE, notify, pending
+
+    lake = Lake(Home.resolve(tmp_path).create())
+    lake.ensure(spark, "alerts")
+    schema = lake.spec("alerts").schema
+    rows = [{**{f: None for f in schema.fieldNames()}, "alert_id": "d0", "severity": "high", "rule_name": "r",
+             "src_ip": "10.0.0.5", "evidence": "e", "detected_at": datetime(2026, 11, 20, 10, 0),
+             "event_date": date(2026, 11, 20)}]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    soc = Destination("soc", receiver.url, "high")
+    assert notify(spark, lake, soc, max_attempts=2, sleep=lambda s: None).dead == [("d0", "HTTP 503")]
+    assert pending(spark, lake, soc) == []  # a plain pass leaves the dead letter alone
+    assert [a["alert_id"] for a in pending(spark, lake, soc, retry_dead=True)] == ["d0"]
+    assert notify(spark, lake, soc, retry_dead=True, sleep=lambda s: None).delivered == ["d0"]
+    assert notify(spark, lake, soc, retry_dead=True, sleep=lambda s: None).delivered == []  # delivered: done
+    assert [(key, status) for key, _, status in receiver.received] == [("d0", 503), ("d0", 503), ("d0", 200)]
+    assert sorted((r.alert_id, r.status) for r in lake.read(spark, NOTIFICATIONS_TABLE).collect()) == [
+        ("d0", "dead"), ("d0", "delivered")]
+
+
 def test_notify_without_a_destination_says_what_to_set(tmp_path, capsys):
     from pipelines.cli import main
 

@@ -22,6 +22,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg:
         description="Deliver the alerts not yet delivered (at least notify_min_severity) to one webhook "
                     "(Slack-compatible JSON), each once: --set notify_webhook_url=https://... (required).")
     notify.add_argument("--follow", action="store_true", help="keep going: deliver new alerts every --every seconds")
+    notify.add_argument("--retry-dead", action="store_true",
+                        help="on the first pass, also send again the alerts dead-lettered before")
     notify.add_argument("--every", type=float, default=60.0, help="seconds between passes with --follow (default 60)")
     home_arg(notify)
     settings_arg(notify)
@@ -39,13 +41,17 @@ def cmd_notify(args: argparse.Namespace) -> int:
     settings = Settings().with_overrides(parse_assignments(args.overrides))
     if not settings.notify_webhook_url:
         raise ValueError("no destination: set notify_webhook_url (--set notify_webhook_url=https://...)")
+    # Named for its role, not its URL: pointing the setting at a new webhook must not replay every old alert.
     destination = Destination("webhook", settings.notify_webhook_url, settings.notify_min_severity)
     spark, lake = get_spark(app_name="seclake-notify", ui=False), Lake(Home.resolve(args.home))
+    retry_dead = args.retry_dead
     while True:
-        outcome = notify(spark, lake, destination, max_attempts=settings.notify_max_attempts)
+        outcome = notify(spark, lake, destination, max_attempts=settings.notify_max_attempts, retry_dead=retry_dead)
+        # Once: with --follow, retrying every pass would hold new alerts behind the old ones' back-offs.
+        retry_dead = False
         for key, error in outcome.dead:
-            print(f"seclake notify: alert {key} not delivered after retries: {error} (kept in notifications)",
-                  file=sys.stderr)
+            print(f"seclake notify: alert {key} not delivered after retries: {error} (kept in notifications; "
+                  f"`seclake notify --retry-dead` sends it again)", file=sys.stderr)
         print(f"{len(outcome.delivered)} alert(s) delivered, {len(outcome.dead)} dead-lettered", flush=True)
         if not args.follow:
             return 1 if outcome.dead else 0

@@ -1,10 +1,11 @@
 """Which alerts still need delivering, and the record of what was delivered (`notifications`).
 
 An alert is pending for a destination while `notifications` has no row for that pair and the
-alert is not suppressed. `notify` delivers the pending ones oldest first and then appends one
-row per outcome (delivered, or dead with its last error). A crash between a delivery and its
-row makes the next `notify` deliver that alert again: at least once, and the receiver sees the
-same `Idempotency-Key`.
+alert is not suppressed; with `retry_dead`, one whose only outcomes are dead is pending again
+(the receiver was down or refused it, and is fixed now). `notify` delivers the pending ones
+oldest first and then appends one row per outcome (delivered, or dead with its last error). A
+crash between a delivery and its row makes the next `notify` deliver that alert again: at least
+once, and the receiver sees the same `Idempotency-Key`.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from pipelines.rules.tables import ALERTS_TABLE
 NOTIFICATIONS_TABLE = "notifications"
 
 
-def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: int = 1000) -> list[dict]:
-    """Alerts `destination` wants and has no outcome for, oldest detection first."""
+def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: int = 1000,
+            retry_dead: bool = False) -> list[dict]:
+    """Alerts `destination` wants and has no outcome for (no delivery, with `retry_dead`), oldest first."""
     if not lake.exists(ALERTS_TABLE):
         return []
     alerts = lake.read(spark, ALERTS_TABLE)
@@ -30,16 +32,19 @@ def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: in
     wanted = SEVERITIES[SEVERITIES.index(destination.min_severity):]
     alerts = alerts.where(F.col("severity").isin(*wanted))
     if lake.exists(NOTIFICATIONS_TABLE):
-        done = (lake.read(spark, NOTIFICATIONS_TABLE).where(F.col("destination") == destination.name)
-                .select("alert_id"))
+        done = lake.read(spark, NOTIFICATIONS_TABLE).where(F.col("destination") == destination.name)
+        if retry_dead:
+            done = done.where(F.col("status") == "delivered")
+        done = done.select("alert_id")
         alerts = alerts.join(done, "alert_id", "left_anti")
     return [row.asDict() for row in alerts.orderBy("detected_at", "alert_id").limit(limit).collect()]
 
 
 def notify(spark: SparkSession, lake: Lake, destination: Destination, max_attempts: int = 5,
-           **deliver_options) -> Outcome:
+           retry_dead: bool = False, **deliver_options) -> Outcome:
     """Deliver what is pending for `destination`, then record every outcome in `notifications`."""
-    outcome = deliver(pending(spark, lake, destination), destination, max_attempts=max_attempts, **deliver_options)
+    alerts = pending(spark, lake, destination, retry_dead=retry_dead)
+    outcome = deliver(alerts, destination, max_attempts=max_attempts, **deliver_options)
     at = datetime.now(timezone.utc)
     rows: list[tuple[str, str, str, str | None, datetime]] = [
         (key, destination.name, "delivered", None, at) for key in outcome.delivered]
