@@ -34,15 +34,17 @@ class IntelConfig(Config):
 
 @op(pool=LAKE_POOL, description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
 def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: SparkResource, lake: LakeResource):
+    from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import INDICATORS_TABLE, load
 
     result = load(spark.session, lake.lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
-    context.log.info(f"{result.indicators} indicator(s) loaded ({result.skipped} skipped), "
-                     f"{result.alerts} new alert(s) from the sweep")
+    context.log.info(f"{result.indicators} indicator(s) loaded, {result.alerts} new alert(s) from the sweep")
+    if result.skipped:
+        context.log.warning(f"{config.file}: {skipped_summary(result.skipped)}")
     context.log_event(AssetMaterialization(
         asset_key=table_key(INDICATORS_TABLE), description=f"loaded from {config.file}",
         metadata={"version": result.version, "indicators_in_file": result.indicators,
-                  "skipped_lines": result.skipped, "new_alerts": result.alerts,
+                  "skipped_lines": len(result.skipped), "new_alerts": result.alerts,
                   "sweep_rules": ", ".join(result.rules)}))
 
 

@@ -136,10 +136,12 @@ def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_
                    "AND query LIKE '%.%' ORDER BY query LIMIT 1")
     domain = seen.stdout.splitlines()[2].strip()
     feed = tmp_path / "feed.txt"
-    feed.write_text(f"# a feed of one domain\n{domain}\n")
+    feed.write_text(f"# a feed of one domain, and a range\n{domain}\n10.0.0.0/8\n")
     loaded = seclake("intel", "load", str(feed), "--home", str(home))
     assert loaded.returncode == 0, loaded.stderr
     assert chatter(loaded) == []
+    assert (f"{feed}: 1 entry not loaded: '10.0.0.0/8': an address range (only single addresses are matched)"
+            in loaded.stderr.splitlines()), loaded.stderr
     assert re.fullmatch(r"sweep of the last 90 days: [1-9]\d* new alert\(s\) "
                         r"\(rules threat_intel_domain, threat_intel_ip\)\n", loaded.stdout), loaded.stdout
     domain_rule = next(r.id for r in intel_rules() if r.slug == "threat_intel_domain")

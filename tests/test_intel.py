@@ -46,8 +46,10 @@ def test_feed_formats_of_abuse_ch_and_plain_lists():
     assert parse_feed(threatfox).indicators == [("domain", "evil.test"), ("ip", "203.0.113.9")]
     urlhaus = '# id,dateadded,url,url_status\n"1","2026-11-01","http://Bad.Example.org/x.exe","online"\n'
     assert parse_feed(urlhaus).indicators == [("domain", "bad.example.org")]
-    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n")
-    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1")] and plain.skipped == ["???"]
+    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n198.51.100.0/24\n")
+    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1")]
+    # Each skipped line is named, and a range says why: a user would otherwise think it is matched.
+    assert plain.skipped == ["'???'", "'198.51.100.0/24': an address range (only single addresses are matched)"]
 
 
 def test_stix_bundle_gives_its_domain_and_ip_indicators_and_reports_the_rest(tmp_path):
@@ -91,7 +93,7 @@ def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path
     feed = tmp_path / "feed.txt"
     feed.write_text("evil.test\n203.0.113.9\n")
     first = load(spark, lake, feed)
-    assert (first.indicators, first.skipped, first.alerts) == (2, 0, 2)
+    assert (first.indicators, first.skipped, first.alerts) == (2, (), 2)
     assert first.rules == ("threat_intel_domain", "threat_intel_ip")
     alerts = {a.src_ip: a for a in lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()}
     # laptop-5 asked for evil.test and a sub-domain of it: one alert; notevil.test matches nothing.

@@ -31,6 +31,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
 
 def cmd_load(args: argparse.Namespace) -> int:
     from pipelines.home import Home
+    from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import load
     from pipelines.lake.registry import Lake
     from pipelines.spark import get_spark
@@ -42,9 +43,10 @@ def cmd_load(args: argparse.Namespace) -> int:
     lake = Lake(Home.resolve(args.home))
     result = load(get_spark(app_name="seclake-intel", ui=False), lake, args.file, source=args.source,
                   valid_days=args.valid_days, sweep_days=args.sweep_days)
-    skipped = f" ({result.skipped} line(s) neither an IP nor a domain: skipped)" if result.skipped else ""
-    print(f"loaded {result.indicators} indicator(s) from {args.file}{skipped} into indicators v{result.version}",
+    print(f"loaded {result.indicators} indicator(s) from {args.file} into indicators v{result.version}",
           file=sys.stderr)
+    if result.skipped:
+        print(f"{args.file}: {skipped_summary(result.skipped)}", file=sys.stderr)
     if not result.rules:
         print("no rule in the rules folder looks up indicators (lookups: [indicators]): history not swept; "
               "the rules of rules/intel/ do", file=sys.stderr)

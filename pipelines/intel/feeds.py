@@ -12,7 +12,8 @@
   counts as the address alone: matching is by address or domain only.
 
 Each value is an IPv4/IPv6 address or a domain name (lower-cased, trailing dot removed); anything
-else is counted as skipped, never silently kept.
+else is skipped and named in the load's report (an address range with that reason: ranges are
+not matched), never silently kept.
 """
 from __future__ import annotations
 
@@ -82,10 +83,35 @@ def parse_feed(text: str) -> Feed:
     for value in values:
         indicator = classify(value)
         if indicator is None:
-            skipped.append(value)
+            skipped.append(_why_skipped(value))
         else:
             found[indicator] = None
     return Feed(list(found), skipped)
+
+
+def skipped_summary(skipped: list[str] | tuple[str, ...], shown: int = 3) -> str:
+    """The skipped entries of a feed in one line: how many, and the first few by name.
+
+    >>> skipped_summary(["'a b'", "'10.0.0.0/8': an address range (only single addresses are matched)"])
+    "2 entries not loaded: 'a b'; '10.0.0.0/8': an address range (only single addresses are matched)"
+    >>> skipped_summary(["'x'"] * 5, shown=2)
+    "5 entries not loaded: 'x'; 'x'; and 3 more"
+    """
+    more = f"; and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} not loaded: {'; '.join(skipped[:shown])}{more}"
+
+
+def _why_skipped(value: str) -> str:
+    """A skipped value as the load's report names it, with the reason when one is recognisable.
+
+    >>> _why_skipped("198.51.100.0/24"), _why_skipped("xn--")
+    ("'198.51.100.0/24': an address range (only single addresses are matched)", "'xn--'")
+    """
+    try:
+        ipaddress.ip_network(value.strip().strip('"'), strict=False)
+    except ValueError:
+        return repr(value)
+    return f"{value!r}: an address range (only single addresses are matched)"
 
 
 STIX_VALUE_TYPES = ("domain-name", "ipv4-addr", "ipv6-addr", "url")

@@ -25,11 +25,12 @@ INDICATORS_TABLE = "indicators"
 
 @dataclass(frozen=True)
 class LoadResult:
-    """What `load` did: indicators in the file, lines skipped, the table's new version, alerts the
-    sweep added, and the rules it ran (none: no rule in the folder looks indicators up)."""
+    """What `load` did: indicators in the file, the lines skipped (each named, with its reason when
+    known), the table's new version, alerts the sweep added, and the rules it ran (none: no rule in
+    the folder looks indicators up)."""
 
     indicators: int
-    skipped: int
+    skipped: tuple[str, ...]
     version: int
     alerts: int
     rules: tuple[str, ...]
@@ -64,7 +65,7 @@ def load(spark: SparkSession, lake: Lake, path: Path, source: str | None = None,
                      insert={c: f"s.{c}" for c in rows.columns})
     rules = intel_rules(rules_dir)
     alerts = sweep(spark, lake, rules, sweep_days)
-    return LoadResult(len(feed.indicators), len(feed.skipped), version, alerts, tuple(r.slug for r in rules))
+    return LoadResult(len(feed.indicators), tuple(feed.skipped), version, alerts, tuple(r.slug for r in rules))
 
 
 def sweep(spark: SparkSession, lake: Lake, rules: list[Rule], sweep_days: int = 90) -> int:
