@@ -155,7 +155,8 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     assert isinstance(tick(None), SkipReason)  # no intel folder yet
     lake.home.intel.mkdir()
     feed = lake.home.intel / "threatfox.csv"
-    feed.write_text('# "first_seen_utc","ioc_value","ioc_type"\n"2026-11-01","evil.test","domain"\n')
+    feed.write_text('# "first_seen_utc","ioc_value","ioc_type"\n"2026-11-01","evil.test","domain"\n'
+                    '"2026-11-01","sha256:ab12","hash"\n')
     (lake.home.intel / ".partial.csv").write_text("x")
     first = tick(None)
     assert isinstance(first, SensorResult) and [r.tags["seclake/feed"] for r in first.run_requests] == ["threatfox.csv"]
@@ -168,5 +169,7 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     done = defs.resolve_job_def(intel.INTEL_JOB).execute_in_process(
         run_config=first.run_requests[0].run_config, instance=instance)
     assert done.success
+    logged = [entry.user_message for entry in instance.all_logs(done.run_id)]
+    assert any("1 entry not loaded: 'sha256:ab12'" in m for m in logged), logged  # named in the run's log
     found = lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()
     assert [a.src_ip for a in found] == ["10.0.0.5"] and "threatfox.csv" in found[0].evidence
