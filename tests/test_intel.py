@@ -46,8 +46,9 @@ def test_feed_formats_of_abuse_ch_and_plain_lists():
     assert parse_feed(threatfox).indicators == [("domain", "evil.test"), ("ip", "203.0.113.9")]
     urlhaus = '# id,dateadded,url,url_status\n"1","2026-11-01","http://Bad.Example.org/x.exe","online"\n'
     assert parse_feed(urlhaus).indicators == [("domain", "bad.example.org")]
-    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n198.51.100.0/24\n")
-    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1")]
+    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n198.51.100.0/24\nBücher.test\n")
+    # Zeek logs a query for bücher.test as xn--bcher-kva.test: the indicator must be that to match.
+    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1"), ("domain", "xn--bcher-kva.test")]
     # Each skipped line is named, and a range says why: a user would otherwise think it is matched.
     assert plain.skipped == ["'???'", "'198.51.100.0/24': an address range (only single addresses are matched)"]
 

@@ -11,7 +11,8 @@
   has passed are skipped and reported. A pattern that ANDs an address with other conditions
   counts as the address alone: matching is by address or domain only.
 
-Each value is an IPv4/IPv6 address or a domain name (lower-cased, trailing dot removed); anything
+Each value is an IPv4/IPv6 address or a domain name (lower-cased, trailing dot removed, an
+internationalised name in its `xn--` form as DNS carries it); anything
 else is skipped and named in the load's report (an address range with that reason: ranges are
 not matched), never silently kept.
 """
@@ -44,6 +45,8 @@ def classify(text: str) -> tuple[str, str] | None:
 
     >>> classify("Evil.Example.COM."), classify("203.0.113.9"), classify("http://x.test/a"), classify("a b")
     (('domain', 'evil.example.com'), ('ip', '203.0.113.9'), ('domain', 'x.test'), None)
+    >>> classify("Bücher.example")
+    ('domain', 'xn--bcher-kva.example')
     """
     value = text.strip().strip('"').strip()
     if "://" in value:
@@ -55,6 +58,11 @@ def classify(text: str) -> tuple[str, str] | None:
     except ValueError:
         pass
     value = value.lower().rstrip(".")
+    if not value.isascii():  # DNS logs carry an internationalised name in its xn-- (punycode) form
+        try:
+            value = value.encode("idna").decode("ascii")
+        except UnicodeError:
+            return None
     return (DOMAIN, value) if _DOMAIN.match(value) else None
 
 
