@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import subprocess
-from datetime import date
+from datetime import date, timedelta
 
 import pytest
 from pyspark.sql import functions as F
@@ -16,7 +16,7 @@ from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
-from pipelines.operations.rollback import _kept_batch, plan_rollback, rewind_checkpoint, rollback
+from pipelines.operations.rollback import _history, _kept_batch, plan_rollback, rewind_checkpoint, rollback
 from pipelines.operations.running import marker_path, running_stream
 from pipelines.settings import Settings
 from pipelines.stages import stages
@@ -33,12 +33,12 @@ def alert_ids(spark, lake: Lake) -> list[str]:
     return sorted(r.alert_id for r in lake.read(spark, "alerts").select("alert_id").collect())
 
 
-def processed_home(spark, tmp_path) -> tuple[Lake, dict[str, int], list[str]]:
-    """Half an hour of 5 hosts after one run-once: its lake, the tables' counts and the alert ids."""
+def processed_home(spark, tmp_path, hours: float = 0.5) -> tuple[Lake, dict[str, int], list[str]]:
+    """`hours` (half an hour) of 5 hosts after one run-once: its lake, the tables' counts and the alert ids."""
     from sample_data.generator import generate
 
     home = Home.resolve(tmp_path / "home")
-    generate(home.root, hours=0.5, hosts=5, seed=23)
+    generate(home.root, hours=hours, hosts=5, seed=23)
     lake = Lake(home.create())
     assert not any(r.error for r in run_once(spark, lake, SETTINGS))
     return lake, counts(spark, lake), alert_ids(spark, lake)
@@ -102,6 +102,54 @@ def test_a_checkpoint_deleted_alone_is_refused_and_an_empty_rollback_rebuilds_th
     assert not any(r.error for r in run_once(spark, lake, SETTINGS))
     assert counts(spark, lake) == clean
     assert alert_ids(spark, lake) == clean_alerts
+
+
+def test_rollback_after_a_compaction_and_after_a_rollback_keeps_what_it_can(spark, tmp_path):
+    from pipelines.lake.maintenance import compact
+
+    lake, clean, clean_alerts = processed_home(spark, tmp_path, hours=1.5)  # two hourly DNS files
+    writes = [c for c in commits(lake.path("silver_dns")) if c["operation"] == "WRITE"]
+    assert len(writes) >= 2
+    last, first = max(c["version"] for c in writes), min(c["version"] for c in writes)
+    compact(spark, lake.path("silver_dns"))
+    # The last append holds the rows the compaction kept: nothing to do (it reset every ETL table).
+    plan = plan_rollback(lake, "silver_dns", last, cascade=True)
+    assert plan.lines()[1:] == ["  nothing to do", f"  note: version {last} holds the same rows as version "
+                                f"{last + 1}: the commits after it (OPTIMIZE) change no data"]
+    # Without --cascade, a rollback that changes what other queries stream from is refused by name.
+    with pytest.raises(ValueError, match="enriched_dns.* stream from: add --cascade"):
+        plan_rollback(lake, "silver_dns", first)
+
+    rollback(spark, lake, "silver_dns", first, cascade=True)
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    assert counts(spark, lake) == clean and alert_ids(spark, lake) == clean_alerts
+    # The RESTORE's version holds the ETL's first batch again, later batches reprocessed since: the
+    # ETL is cut back to that batch (it was reset, as if the version held batches now gone).
+    restored = next(c["version"] for c in commits(lake.path("silver_dns")) if c["operation"] == "RESTORE")
+    kept = _kept_batch(_history(lake, "silver_dns"), "etl", first)
+    lines = "\n".join(plan_rollback(lake, "silver_dns", restored, cascade=True).lines())
+    assert f"checkpoint etl             rewind to batch {kept}" in lines and "etl is reset" not in lines, lines
+
+
+def test_streams_go_on_after_retention_deletes_old_partitions(spark, tmp_path):
+    from pipelines.operations.retention import apply_retention
+    from sample_data.generator import generate
+
+    lake, clean, _ = processed_home(spark, tmp_path)
+    old = {n: lake.read(spark, n).count() for n in ("silver_dns", "enriched_dns")}
+    days = sorted(r.event_date for r in lake.read(spark, "silver_dns").select("event_date").distinct().collect())
+    short = Settings(retention_bronze_days=1, retention_silver_days=1, retention_enriched_days=1)
+    steps = {s.target: s for s in apply_retention(spark, lake, short, today=days[-1] + timedelta(days=2))}
+    assert steps["silver_dns"].removed == old["silver_dns"] and lake.read(spark, "silver_dns").count() == 0
+    # A later day lands: every stream reads on past the deletes (Delta's source stopped at them).
+    later = tmp_path / "later"
+    generate(later, hours=0.25, hosts=5, seed=23, start=f"{days[-1] + timedelta(days=3)}T00:00:00Z")
+    for file in (later / "landing").rglob("*.*"):
+        file.rename(lake.home.landing / file.relative_to(later / "landing"))
+    reports = run_once(spark, lake, SETTINGS)
+    assert not any(r.error for r in reports), [r.error for r in reports if r.error]
+    assert lake.read(spark, "silver_dns").count() > 0
+    assert lake.read(spark, "enriched_dns").where(F.col("event_date") > days[-1]).count() > 0
 
 
 def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():

@@ -58,9 +58,10 @@ def summary(path: str | os.PathLike) -> TableSummary:
 
 
 def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
-    """The table's commits, newest first: version, timestamp, operation, user_metadata (the
-    writer's `userMetadata`), app_id/batch_id (txn), rows_added and files_added (None once log
-    cleanup removed the entry).
+    """The table's commits, newest first: version, timestamp, operation, parameters (its
+    `operationParameters`), user_metadata (the writer's `userMetadata`), app_id/batch_id (txn),
+    rows_added and files_added (None once log cleanup removed the entry), and changes_data (a file
+    added or removed with `dataChange`; True once log cleanup removed the entry).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -70,7 +71,8 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
     """
     log = as_path(path) / "_delta_log"
     return [{"version": c["version"], "timestamp": _commit_time(c["timestamp"]), "operation": c.get("operation"),
-             "user_metadata": c.get("userMetadata"), **_commit_actions(log / f"{c['version']:020d}.json")}
+             "parameters": c.get("operationParameters") or {}, "user_metadata": c.get("userMetadata"),
+             **_commit_actions(log / f"{c['version']:020d}.json")}
             for c in open_log(path).history(limit)]
 
 
@@ -266,21 +268,24 @@ def _commit_time(millis: int) -> datetime:
 
 
 def _commit_actions(log_file: Path) -> dict[str, Any]:
-    found: dict[str, Any] = {"app_id": None, "batch_id": None, "rows_added": None, "files_added": None}
+    found: dict[str, Any] = {"app_id": None, "batch_id": None, "rows_added": None, "files_added": None,
+                             "changes_data": True}
     try:
         lines = log_file.read_text().splitlines()
     except FileNotFoundError:
         return found
-    rows, files, counted = 0, 0, True
+    rows, files, counted, changes = 0, 0, True, False
     for line in lines:
         action = json.loads(line) if line.strip() else {}
         if "txn" in action:
             found.update(app_id=action["txn"]["appId"], batch_id=action["txn"]["version"])
+        file = action.get("add") or action.get("remove")
+        changes = changes or bool(file and file.get("dataChange", True))
         add = action.get("add")
         if add and add.get("dataChange", True):  # compaction re-adds rows it removed: not new data
             files += 1
             records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
             counted = counted and records is not None
             rows += records or 0
-    found.update(files_added=files, rows_added=rows if counted else None)
+    found.update(files_added=files, rows_added=rows if counted else None, changes_data=changes)
     return found

@@ -46,7 +46,8 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     commits made after the query starts; a number, every commit from that version on. (Like
     Delta's own, these apply only to a new checkpoint; a query resumes from its checkpoint.)
     `max_files` / `max_bytes` cap each micro-batch (also under Trigger.AvailableNow, which then
-    runs several batches).
+    runs several batches). A commit that only removes files (retention's delete of old
+    partitions) is skipped; one that rewrites rows stops the stream (Delta's error).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -55,7 +56,9 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     True
     """
     uri = table_uri(path)
-    options: dict[str, str] = {}
+    # Retention deletes whole event_date partitions upstream; a reader keeps what it derived (it has
+    # its own retention) instead of stopping for good. A rollback resets its readers (rollback.py).
+    options: dict[str, str] = {"ignoreDeletes": "true"}
     if starting_version not in (None, "earliest"):
         if starting_version != "latest" and not (isinstance(starting_version, int) and starting_version >= 0):
             raise ValueError(f"startingVersion must be 'earliest', 'latest' or a version >= 0, "

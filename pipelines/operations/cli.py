@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
@@ -54,16 +55,21 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from pipelines.operations.rollback import rollback
 
     lake = _lake(args)
-    spark = None
-    if not args.dry_run:
+
+    def start_spark():
         from pipelines.spark import get_spark
 
-        spark = get_spark(app_name="seclake-rollback")
-    plan = rollback(spark, lake, args.table, None if args.empty else args.to_version, cascade=args.cascade,
-                    dry_run=args.dry_run)
-    for line in plan.lines():
-        print(line)
-    print("dry run: nothing changed" if args.dry_run else "done: the next `seclake run-once` reprocesses from here")
+        print("seclake rollback: applying the plan (starting Spark)...", file=sys.stderr, flush=True)
+        return get_spark(app_name="seclake-rollback")
+
+    def show(plan) -> None:  # before anything changes: a long apply has said what it does
+        for line in plan.lines():
+            print(line, flush=True)
+
+    plan = rollback(start_spark, lake, args.table, None if args.empty else args.to_version, cascade=args.cascade,
+                    dry_run=args.dry_run, on_plan=show)
+    print("dry run: nothing changed" if args.dry_run else
+          "done: the next `seclake run-once` reprocesses from here" if plan.steps() else "nothing changed")
     return 0
 
 

@@ -2,31 +2,38 @@
 
 The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what):
 
+- A version that holds the same rows as the current one (only compactions or txn resets after
+  it) needs nothing: the plan is empty.
 - The stage that writes TABLE is *rewound*: TABLE goes back to version N; B is the last batch of
-  that stage inside version N (the Delta txn of each commit names the stage and batch; a batch with
-  no row for TABLE commits nothing there, so B runs up to the stage's next append); the stage's
-  other tables go back to their last version holding batches <= B; its checkpoint is cut back to
-  batch B (offsets, commits and file-source logs after B are removed), so the next run re-reads
-  exactly what came after B. The ETL's seven tables therefore always move together. A stage that
-  keeps streaming state (attribution) cannot be cut back: only a rollback to before its first batch
-  is allowed, which *resets* it. `--empty` (version None) resets the stage that writes TABLE: TABLE
-  and its other tables emptied, its checkpoint deleted, so it rebuilds everything from its inputs.
+  that stage inside version N (the Delta txn of each commit names the stage and batch, and the
+  batches a version holds are replayed through RESTOREs and resets, `_held`; a batch with no row
+  for TABLE commits nothing there, so B runs up to the batch before the first one the current
+  version holds and N does not); the stage's other tables go back to their newest version holding
+  exactly its batches <= B; its checkpoint is cut back to batch B (offsets, commits and
+  file-source logs after B are removed), so the next run re-reads exactly what came after B. The
+  ETL's seven tables therefore always move together. A stage that keeps streaming state
+  (attribution) cannot be cut back: only a rollback to before its first batch is allowed, which
+  *resets* it. `--empty` (version None) resets the stage that writes TABLE: TABLE and its other
+  tables emptied, its checkpoint deleted, so it rebuilds everything from its inputs.
 - With `--cascade`, every stage that reads a changed table is *reset*: its checkpoint is deleted and
   every table it writes is emptied (Delta DELETE), so it recomputes from its inputs. A table several
   stages write (`late_events`) being emptied resets all of its writers.
-- Rules are reset (checkpoint deleted; a new checkpoint gets a new writer id). `alerts` goes back
-  to its last version committed before the first commit this rollback removes upstream; alerts
-  have stable ids and rules skip the ids the table holds, so re-running every rule adds exactly
-  the missing ones.
+- Rules are reset (checkpoint deleted; a new checkpoint gets a new writer id), those of another
+  pack too (every `rule_*` checkpoint of the home). `alerts` goes back to its last version
+  committed before the first commit this rollback removes upstream; alerts have stable ids and
+  rules skip the ids the table holds, so re-running every rule adds exactly the missing ones.
 - Every table moved back also gets its writers' Delta txn ids set back to the last batch it keeps:
   RESTORE and DELETE leave them, and a writer replaying a batch id above them would be skipped.
 
-Every stream reading a changed table must be reset: Delta's streaming source stops at a commit
-that removes rows. Without `--cascade` such readers are listed as warnings.
+Every stream reading a changed table must be reset. Streams skip commits that only remove files
+(`read_stream`: so that retention's deletes do not stop them), so a reader left as it is would keep
+what the removed rows gave it and take the reprocessed rows again: without `--cascade`, a rollback
+that changes a table another query streams from is refused, naming them.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -35,9 +42,11 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines.checkpoint import newest, numbered, read_batch
+from pipelines.end_of_input import END_OF_INPUT
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import remove_tree
 from pipelines.query import Stage
+from pipelines.rules.spec import RULE_QUERY_PREFIX
 from pipelines.rules.tables import ALERTS_TABLE
 
 WRITE = "WRITE"  # the operation of a DeltaSink append (RESTORE, DELETE and txn resets are not batches)
@@ -82,14 +91,17 @@ class RollbackPlan:
     cascade: bool
     tables: list[TableStep] = field(default_factory=list)
     checkpoints: list[CheckpointStep] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def steps(self) -> list[str]:
+        """One line per change, tables first (none: nothing to do)."""
+        changes = [s.line() for s in self.tables if s.target != s.current or s.txn]
+        return [*changes, *(c.line() for c in self.checkpoints)]
 
     def lines(self) -> list[str]:
         goal = "empty" if self.version is None else f"version {self.version}"
         head = f"rollback {self.table} to {goal}{' with --cascade' if self.cascade else ''}:"
-        changes = [s.line() for s in self.tables if s.target != s.current or s.txn]
-        steps = [*changes, *(c.line() for c in self.checkpoints)]
-        return [head, *(steps or ["  nothing to do"]), *(f"  warning: {w}" for w in self.warnings)]
+        return [head, *(self.steps() or ["  nothing to do"]), *(f"  note: {n}" for n in self.notes)]
 
 
 def _is_rule(stage: Stage) -> bool:
@@ -102,32 +114,70 @@ def _history(lake: Lake, table: str) -> list[dict[str, Any]]:
     return sorted(commits(lake.path(table)), key=lambda c: c["version"])
 
 
-def _last_batch(history: list[dict[str, Any]], app_id: str, upto: int | None) -> int:
-    """The highest batch `app_id` appended at or before version `upto` (-1: none, or `upto` None)."""
-    if upto is None:
-        return -1
-    return max((c["batch_id"] for c in history
-                if c["version"] <= upto and c["operation"] == WRITE and c["app_id"] == app_id), default=-1)
+Held = frozenset[tuple[int, int]]  # (generation, batch id) pairs of one writer
+
+
+def _held(history: list[dict[str, Any]], app_id: str) -> dict[int, Held]:
+    """Per version, the batches of `app_id` whose rows the table holds there: an append adds its
+    batch, a RESTORE takes the restored version's, a DELETE of every row (a reset: the writer's new
+    checkpoint numbers its batches from 0 again) starts a new generation; other commits (OPTIMIZE,
+    txn resets, a retention DELETE of old rows) keep them.
+
+    >>> history = [{"version": 0, "operation": "WRITE", "app_id": "etl", "batch_id": 0},
+    ...            {"version": 1, "operation": "WRITE", "app_id": "etl", "batch_id": 1},
+    ...            {"version": 2, "operation": "RESTORE", "parameters": {"version": 0}},
+    ...            {"version": 3, "operation": "DELETE", "parameters": {"predicate": '["true"]'}},
+    ...            {"version": 4, "operation": "WRITE", "app_id": "etl", "batch_id": 0}]
+    >>> [sorted(batches) for batches in _held(history, "etl").values()]
+    [[(0, 0)], [(0, 0), (0, 1)], [(0, 0)], [], [(1, 0)]]
+    """
+    held: dict[int, Held] = {}
+    now: Held = frozenset()
+    generation = 0
+    for commit in history:
+        operation, parameters = commit["operation"], commit.get("parameters") or {}
+        if operation == "RESTORE":
+            restored = parameters.get("version")
+            if restored is None or int(restored) not in held:
+                raise ValueError(f"version {commit['version']} restored "
+                                 f"{'a timestamp' if restored is None else f'version {restored}'}, which the "
+                                 "table's log no longer holds: the batches it holds are unknown")
+            now = held[int(restored)]
+        elif operation == "DELETE" and parameters.get("predicate") in ('["true"]', "[]"):
+            generation, now = generation + 1, frozenset()
+        elif operation == WRITE and commit["app_id"] == app_id and commit["batch_id"] is not None:
+            now = now | {(generation, commit["batch_id"])}
+        held[commit["version"]] = now
+    return held
 
 
 def _kept_batch(history: list[dict[str, Any]], app_id: str, version: int) -> int | None:
-    """The last batch of `app_id` that version `version` holds: up to the batch before the stage's next
-    append (the ETL commits nothing to a table its batch has no row for), or None when the stage
-    appended nothing after `version`."""
-    later = [c["batch_id"] for c in history if c["version"] > version and c["operation"] == WRITE
-             and c["app_id"] == app_id and c["batch_id"] is not None]
-    return max(_last_batch(history, app_id, version), min(later) - 1) if later else None
+    """The last batch of `app_id` that version `version` holds: up to the batch before the first one
+    the current version holds and it does not (the ETL commits nothing to a table its batch has no
+    row for), or None when the current version holds no batch it lacks. ValueError when it holds a
+    batch the current version does not (undone since by a rollback or a reset)."""
+    held = _held(history, app_id)
+    then, now = held[version], held[history[-1]["version"]]
+    extra = now - then
+    if not then <= now or any(g != max(now)[0] for g, _ in extra) \
+            or (extra and any(b >= min(b for _, b in extra) for _, b in then)):
+        raise ValueError(f"version {version} holds batches of {app_id} that a later rollback or reset "
+                         "removed: roll back to a version committed since, or use --empty")
+    return min(b for _, b in extra) - 1 if extra else None
 
 
 def _before_batch(history: list[dict[str, Any]], app_id: str, batch: int) -> int | None:
-    """The last version before `app_id`'s first append of a batch above `batch`: the table's current
-    version when there is none, None when it is version 0 (nothing before it to restore)."""
-    later = [c["version"] for c in history if c["operation"] == WRITE and c["app_id"] == app_id
-             and c["batch_id"] is not None and c["batch_id"] > batch]
-    if not later:
-        return history[-1]["version"]
-    first = min(later)
-    return first - 1 if first > 0 else None
+    """The newest version holding exactly the batches <= `batch` of `app_id` that the current
+    version holds (the current version when it holds no later one), None when no version does and
+    the table is to hold none of them (every row deleted)."""
+    held = _held(history, app_id)
+    want = frozenset(p for p in held[history[-1]["version"]] if p[1] <= batch)
+    found = [version for version, batches in held.items() if batches == want]
+    if found:
+        return max(found)
+    if not want:
+        return None
+    raise ValueError(f"no version holds exactly {app_id}'s batches <= {batch}")
 
 
 def _before_time(history: list[dict[str, Any]], cut: datetime) -> int | None:
@@ -141,7 +191,8 @@ def _txn_resets(history: list[dict[str, Any]], target: int | None) -> dict[str, 
     # Rules are left out: a reset rule's new checkpoint writes under a new app id.
     apps = {c["app_id"] for c in history if c["version"] > upto and c["operation"] == WRITE and c["app_id"]
             and not c["app_id"].startswith("rule:")}
-    return {app: _last_batch(history, app, target) for app in sorted(apps)}
+    return {app: max((b for _, b in _held(history, app)[target]), default=-1) if target is not None else -1
+            for app in sorted(apps)}
 
 
 def _first_removed(history: list[dict[str, Any]], target: int | None) -> datetime | None:
@@ -173,9 +224,17 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
     if version is not None and (isinstance(version, bool) or not 0 <= version <= current):
         raise ValueError(f"--to-version must be between 0 and {current} (the versions of {table}), not {version}")
     plan = RollbackPlan(table, version, cascade)
+    after = [c for c in history(table) if version is not None and c["version"] > version]
+    if version is not None and not any(c["changes_data"] for c in after):
+        if after:  # compaction, txn resets: restoring would change nothing but make readers start over
+            operations = sorted({c["operation"] for c in after})
+            plan.notes.append(f"version {version} holds the same rows as version {current}: the commits after it "
+                              f"({', '.join(operations)}) change no data")
+        return plan
     targets: dict[str, int | None] = {}
     reasons: dict[str, str] = {}
     resets: dict[str, str] = {}  # stage -> why its checkpoint is deleted
+    handled: set[str] = set()  # the stage whose steps the request itself decides
     rules = [s for s in all_stages if _is_rule(s)]
 
     if table == ALERTS_TABLE:
@@ -188,7 +247,11 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             raise ValueError(f"{table} is written by {len(writers)} stages ({', '.join(s.name for s in writers)}): "
                              "roll back the table they read instead, with --cascade")
         writer = writers[0]
-        batch = -1 if version is None else _kept_batch(history(table), writer.name, version)
+        handled.add(writer.name)
+        try:
+            batch = -1 if version is None else _kept_batch(history(table), writer.name, version)
+        except ValueError as exc:
+            raise ValueError(f"{table}: {exc}") from None
         checkpoint = lake.home.checkpoint(writer.name)
         if version is None:
             resets[writer.name] = f"{table} is emptied; recomputed from its inputs"
@@ -200,7 +263,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             targets[table], reasons[table] = version, "requested"
         elif batch >= 0 and (checkpoint / "state").is_dir():
             first = _before_batch(history(table), writer.name, -1)
-            alone = (f"roll it back to version {first} or earlier (before that stage's first batch)"
+            alone = (f"roll it back to version {first} (before that stage's first batch)"
                      if first is not None else "no version of it can be rolled back to alone (its version 0 is "
                                                "that stage's first batch)")
             raise ValueError(f"{table} is written by {writer.name}, whose checkpoint holds streaming state that "
@@ -219,43 +282,54 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                                                            f"{table} version {version} holds its batches <= {batch}"))
 
     def changed() -> set[str]:
-        return {t for t, v in targets.items() if v != history(t)[-1]["version"]}
+        """Tables whose rows the plan changes (emptying a table that never held a row changes none)."""
+        return {t for t, v in targets.items() if v != history(t)[-1]["version"]
+                and (v is not None or any(c["rows_added"] for c in history(t)))}
 
     cut = min((t for t in (_first_removed(history(n), v) for n, v in targets.items()) if t is not None),
               default=None)
     # Closure: reset readers of changed tables (--cascade) and co-writers of emptied shared tables.
+    stale: dict[str, list[str]] = {}  # without --cascade: stage -> the changed tables it streams from
     grew = True
     while grew:
         grew = False
         moved = changed()
         for stage in all_stages:
-            if _is_rule(stage) or stage.name in resets or any(c.stage == stage.name for c in plan.checkpoints):
+            if _is_rule(stage) or stage.name in resets or stage.name in handled:
                 continue
-            shares = [t for t in stage.writes if t in moved]
+            shares = [t for t in stage.writes if t in moved and targets[t] is None]
             reads = [t for t in stage.reads if t in moved]
             if shares or (cascade and reads):
-                resets[stage.name] = (f"it also writes {', '.join(shares)}" if shares
-                                      else f"reads {', '.join(reads)}") + "; recomputed from its inputs"
+                resets[stage.name] = (f"reads {', '.join(reads)}" if reads
+                                      else f"it also writes {', '.join(shares)}") + "; recomputed from its inputs"
                 for name in stage.writes:
                     if lake.exists(name):
                         targets[name], reasons[name] = None, f"{stage.name} is reset"
                 grew = True
-            elif reads:
-                plan.warnings.append(f"{stage.name} reads {', '.join(reads)}, which this rollback changes: "
-                                     "it fails on its next run unless reset (use --cascade)")
+            elif reads and stage.name != END_OF_INPUT:  # its mark is read from statistics, not a stream
+                stale[stage.name] = reads
     moved = changed()
     readers = [r for r in rules if any(t in moved for t in r.reads)]
+    stale.update({r.name: [t for t in r.reads if t in moved] for r in readers if not cascade})
+    if stale and table != ALERTS_TABLE:
+        # Streams skip whole-file deletes (so that retention does not stop them): a reader left as
+        # it is would keep what the removed rows gave it, and take the reprocessed rows again.
+        raise ValueError(f"rolling back {table} changes {', '.join(sorted({t for ts in stale.values() for t in ts}))}, "
+                         f"which {', '.join(sorted(stale))} stream from: add --cascade to recompute them "
+                         "(they would keep what the removed rows gave them)")
     if table != ALERTS_TABLE and readers:
-        if cascade:
-            if lake.exists(ALERTS_TABLE) and cut is not None:
-                targets[ALERTS_TABLE] = _before_time(history(ALERTS_TABLE), cut)
-                reasons[ALERTS_TABLE] = "last version committed before the first removed upstream commit"
-            alerts_moved = ALERTS_TABLE in changed()
-            for rule in rules if alerts_moved else readers:
-                resets[rule.name] = "rules re-read their inputs; alerts the table holds are not written twice"
-        else:
-            plan.warnings.append(f"rules {', '.join(r.name for r in readers)} read changed tables: "
-                                 "their next run fails and alerts keep what the removed rows raised (use --cascade)")
+        if lake.exists(ALERTS_TABLE) and cut is not None:
+            targets[ALERTS_TABLE] = _before_time(history(ALERTS_TABLE), cut)
+            reasons[ALERTS_TABLE] = ("last version committed before the first removed upstream commit"
+                                     if targets[ALERTS_TABLE] is not None else
+                                     "every version was committed after the first removed upstream commit")
+        alerts_moved = ALERTS_TABLE in changed()
+        for rule in rules if alerts_moved else readers:
+            resets[rule.name] = "rules re-read their inputs; alerts the table holds are not written twice"
+    if any(_is_rule(s) and s.name in resets for s in all_stages) and lake.home.checkpoints.is_dir():
+        # Rules of another pack (`--rules`) wrote alerts too: their checkpoints go with the others.
+        for folder in sorted(lake.home.checkpoints.glob(f"{RULE_QUERY_PREFIX}*")):
+            resets.setdefault(folder.name, "a rule not in this rules folder; reset with the others")
     for name, target in targets.items():
         now = history(name)[-1]["version"]
         txn = _txn_resets(history(name), target) if target != now else {}
@@ -291,18 +365,25 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
             rewind_checkpoint(ck.path, ck.rewind_to)
 
 
-def rollback(spark: SparkSession | None, lake: Lake, table: str, version: int | None, cascade: bool = False,
-             dry_run: bool = False, rules_dir: str | Path | None = None) -> RollbackPlan:
-    """Plan and (unless `dry_run`) apply a rollback; the rollback refuses while a stream runs on the home."""
+def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake, table: str, version: int | None,
+             cascade: bool = False, dry_run: bool = False, rules_dir: str | Path | None = None,
+             on_plan: Callable[[RollbackPlan], None] | None = None) -> RollbackPlan:
+    """Plan and (unless `dry_run`) apply a rollback; the rollback refuses while a stream runs on the home.
+
+    `spark` may be a function making the session: it is called only when there is something to do.
+    `on_plan` sees the plan before anything changes (the command prints it).
+    """
     from pipelines.operations.running import refuse_while_streaming
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "a rollback")
     plan = plan_rollback(lake, table, version, cascade, rules_dir)
-    if not dry_run:
+    if on_plan is not None:
+        on_plan(plan)
+    if not dry_run and plan.steps():
         if spark is None:
             raise ValueError("a rollback that is not a dry run needs a SparkSession")
-        apply_plan(spark, lake, plan)
+        apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
     return plan
 
 

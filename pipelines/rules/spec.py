@@ -156,6 +156,9 @@ class Rule:
 QUERY_PLAN = 2
 
 
+RULE_QUERY_PREFIX = "rule_"  # every rule stage and checkpoint folder starts with it
+
+
 def query_name(slug: str) -> str:
     """The name of the rule file `slug`'s stage: its streaming query, checkpoint folder and Dagster op.
 
@@ -164,7 +167,7 @@ def query_name(slug: str) -> str:
     >>> query_name("odd-name.v2")
     'rule_odd_name_v2'
     """
-    return "rule_" + re.sub(r"[^A-Za-z0-9_]", "_", slug)
+    return RULE_QUERY_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", slug)
 
 
 def validate_rule(source: str | os.PathLike, *, slug: str | None = None) -> Rule:
