@@ -61,7 +61,8 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
     """The table's commits, newest first: version, timestamp, operation, parameters (its
     `operationParameters`), user_metadata (the writer's `userMetadata`), app_id/batch_id (txn),
     rows_added and files_added (None once log cleanup removed the entry), and changes_data (a file
-    added or removed with `dataChange`; True once log cleanup removed the entry).
+    added or removed with `dataChange`, or a new schema or protocol; True once log cleanup removed
+    the entry).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -74,6 +75,24 @@ def commits(path: str | os.PathLike, limit: int | None = None) -> list[dict[str,
              "parameters": c.get("operationParameters") or {}, "user_metadata": c.get("userMetadata"),
              **_commit_actions(log / f"{c['version']:020d}.json")}
             for c in open_log(path).history(limit)]
+
+
+def quiet_since(path: str | os.PathLike, version: int) -> bool:
+    """True when no commit after `version` changes the table's rows, schema or protocol (only
+    compactions and txn-only commits, if any): a reader that has read `version` has nothing to read.
+
+    >>> import tempfile
+    >>> from delta.tables import DeltaTable
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     for _ in range(2):
+    ...         spark.range(3, numPartitions=1).write.format("delta").mode("append").save(tmp)
+    ...     _ = DeltaTable.forPath(spark, tmp).optimize().executeCompaction()
+    ...     quiet_since(tmp, 1), quiet_since(tmp, 0)
+    (True, False)
+    """
+    log = as_path(path) / "_delta_log"
+    return not any(_commit_actions(log / f"{v:020d}.json")["changes_data"]
+                   for v in range(version + 1, open_log(path).version() + 1))
 
 
 def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
@@ -280,7 +299,7 @@ def _commit_actions(log_file: Path) -> dict[str, Any]:
         if "txn" in action:
             found.update(app_id=action["txn"]["appId"], batch_id=action["txn"]["version"])
         file = action.get("add") or action.get("remove")
-        changes = changes or bool(file and file.get("dataChange", True))
+        changes = changes or bool(file and file.get("dataChange", True)) or "metaData" in action or "protocol" in action
         add = action.get("add")
         if add and add.get("dataChange", True):  # compaction re-adds rows it removed: not new data
             files += 1

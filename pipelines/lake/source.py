@@ -17,7 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.checkpoint import newest, next_watermark_ms, read_batch
-from pipelines.lake.log import commit_versions, open_log
+from pipelines.lake.log import commit_versions, open_log, quiet_since
 from pipelines.lake.sink import table_uri
 
 # Delta starts a new stream from the table's snapshot with Spark jobs that list and sort all its
@@ -175,12 +175,15 @@ def caught_up(checkpoint: str | os.PathLike, tables: list[str | os.PathLike]) ->
         # A table read by two sources (a rule's enriched input) is caught up only when both are.
         if by_table.setdefault(position.get("reservoirId"), position) != position:
             return False
-    versions = {}
+    versions, paths = {}, {}
     for path in tables:
         table = open_log(path)
-        versions[table.metadata().id] = table.version()
+        versions[table.metadata().id], paths[table.metadata().id] = table.version(), path
     for reservoir, position in by_table.items():
-        if reservoir not in versions or position.get("index") != -1 \
-                or position.get("reservoirVersion", -1) <= versions[reservoir]:
+        if reservoir not in versions or position.get("index") != -1:
+            return False
+        read = position.get("reservoirVersion", -1) - 1  # the last version it has read whole
+        # A compaction (seclake maintain) since then gives a stream nothing to read.
+        if read < versions[reservoir] and not (read >= 0 and quiet_since(paths[reservoir], read)):
             return False
     return bool(by_table)
