@@ -249,8 +249,8 @@ def _reconcile_landing(lake: Lake) -> None:
 
     moved = follow_move(lake.home)
     if moved:
-        log.warning("this home was moved or copied here: %d landing file(s) its checkpoints record as read "
-                    "now point to %s", moved, lake.home.landing)
+        log.warning("this home was moved or copied here: %d path(s) its checkpoints record (landing files "
+                    "read, state schemas) now point into %s", moved, lake.home.root)
     changed = changed_after_read(lake)
     if changed:
         log.warning("%d landing file(s) changed after the ETL read them, so their new lines are not read "

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from datetime import date, timedelta
 
 import pytest
@@ -141,11 +142,20 @@ def test_streams_go_on_after_retention_deletes_old_partitions(spark, tmp_path):
     from sample_data.generator import generate
 
     lake, clean, _ = processed_home(spark, tmp_path)
+    # On a copy, the original gone: its checkpoint names the original's landing files until a run.
+    shutil.copytree(lake.home.root, tmp_path / "copy")
+    shutil.rmtree(lake.home.root)
+    lake = Lake(Home.resolve(tmp_path / "copy"))
     old = {n: lake.read(spark, n).count() for n in ("silver_dns", "enriched_dns")}
     days = sorted(r.event_date for r in lake.read(spark, "silver_dns").select("event_date").distinct().collect())
-    short = Settings(retention_bronze_days=1, retention_silver_days=1, retention_enriched_days=1)
+    landed = [p for p in lake.home.landing.rglob("*.*") if p.is_file()]
+    for path in landed:  # landed on the day of their events
+        os.utime(path, (time.mktime(days[-1].timetuple()),) * 2)
+    short = Settings(retention_bronze_days=1, retention_silver_days=1, retention_enriched_days=1,
+                     retention_landing_days=1)
     steps = {s.target: s for s in apply_retention(spark, lake, short, today=days[-1] + timedelta(days=2))}
     assert steps["silver_dns"].removed == old["silver_dns"] and lake.read(spark, "silver_dns").count() == 0
+    assert steps["landing"].removed == len(landed) and "not yet processed" not in steps["landing"].note
     # A later day lands: every stream reads on past the deletes (Delta's source stopped at them).
     later = tmp_path / "later"
     generate(later, hours=0.25, hosts=5, seed=23, start=f"{days[-1] + timedelta(days=3)}T00:00:00Z")

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.etl import landing_paths, processed_files
 from pipelines.lake.registry import Lake
+from pipelines.operations.relocate import moved_here
 from pipelines.settings import Settings
 
 LAYER_SETTING = {"bronze": "retention_bronze_days", "silver": "retention_silver_days",
@@ -71,7 +72,9 @@ def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings =
         steps.append(RetentionStep("landing", None, 0, "files"))
         return steps
     limit = datetime.combine(landing_cut, datetime.min.time(), timezone.utc).timestamp()
-    processed = {Path(p).resolve() for p in processed_files(lake)}
+    # A copied or moved home's checkpoint names the old home's landing until its next run: the same files.
+    landing = str(lake.home.landing)
+    processed = {Path(moved_here(p, landing) or p).resolve() for p in processed_files(lake)}
     # What the ETL lists (`landing_paths`): a sensor's temp file is neither input nor "waiting".
     old_files = [p for p in map(Path, landing_paths(lake)) if p.stat().st_mtime < limit]
     ready = [p for p in old_files if p.resolve() in processed]
