@@ -95,7 +95,8 @@ def _validate(hours, hosts, seed, start, zeek_format, rates: dict[str, float], r
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the generator's options to ``parser`` (used by ``seclake generate``)."""
-    parser.add_argument("--out", required=True, type=Path, help="output folder (landing/, reference/, ...)")
+    parser.add_argument("--out", "--home", dest="out", required=True, type=Path,
+                        help="output folder (landing/, reference/, ...): the home `run-once --home` reads")
     parser.add_argument("--hours", type=float, default=DEFAULTS["hours"], help="simulated hours (default 24)")
     parser.add_argument("--hosts", type=int, default=DEFAULTS["hosts"], help="inventory devices (>= 5, default 50)")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="random seed (default 7)")
