@@ -383,6 +383,8 @@ def test_run_turns_bad_arguments_into_exit_code_2(tmp_path, capsys):
     assert gen.run(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "-2" in err[0]
+    # --home, as every other command names the folder, is the same as --out.
+    assert parser.parse_args(["--home", str(tmp_path / "h")]).out == tmp_path / "h"
 
 
 def test_refuses_to_mix_with_a_previous_output(tmp_path):
