@@ -94,6 +94,8 @@ class Home:
     def create(self) -> "Home":
         """Create the standard sub-folders (idempotent), record a lake on object storage once it
         is reached (`check_reachable`), return self."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"home {self.root} is a file, not a folder")
         unrecorded = self.lake if not (self.root / LAKE_FILE).exists() else None
         if unrecorded is not None:
             check_reachable(unrecorded)

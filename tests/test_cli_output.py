@@ -193,6 +193,13 @@ def test_operator_commands_refuse_a_folder_that_is_not_a_home(tmp_path, command)
     assert not (tmp_path / "nope").exists()
 
 
+def test_run_once_refuses_a_home_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    run = seclake("run-once", "--home", str(tmp_path / "afile"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == f"seclake run-once: home {tmp_path / 'afile'} is a file, not a folder\n", run.stderr
+
+
 def test_rules_status_read_by_delta_rs_exits_with_its_own_code_every_time(spark, tmp_path):
     # delta-rs's threads aborted 5 of 30 such runs at the interpreter's teardown (exit 134,
     # "terminate called without an active exception"); `pipelines.cli.run` leaves without it.
