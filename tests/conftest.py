@@ -18,13 +18,31 @@ REAL_LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
 def spark():
     # A finite stop timeout: a query that cannot stop makes its test fail after two minutes
     # instead of holding its pytest worker (pytest-timeout fires once, not again in clean-up).
-    # One JVM serves every test of a worker, and what it keeps grows with the tests (Delta's cached
-    # table states, compiled plans): at 3g, a clean-clone CI run's worker died of "GC overhead limit
-    # exceeded" in test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test.
-    session = get_spark(app_name="seclake-tests", ui=False,
-                        conf={"spark.driver.memory": "4g", "spark.sql.streaming.stopTimeout": "120s"})
+    # One JVM serves every test of a worker, and what it keeps grows with the tests: at 3g, then at
+    # 4g (2026-12-06), a clean-clone CI run's worker died of heap exhaustion in
+    # test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test. So: 5g,
+    # Spark's status store keeps a few executions, jobs and queries instead of its defaults (1,000
+    # executions with their plans, 100,000 tasks), and Delta's cached logs go after each test.
+    session = get_spark(app_name="seclake-tests", ui=False, conf={
+        "spark.driver.memory": "5g", "spark.sql.streaming.stopTimeout": "120s",
+        "spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "50", "spark.ui.retainedStages": "50",
+        "spark.ui.retainedTasks": "2000", "spark.sql.streaming.ui.retainedQueries": "20",
+        "spark.sql.streaming.ui.retainedProgressUpdates": "20"})
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def forget_delta_logs():
+    """After each test, Delta's cache of table logs and their snapshots is emptied: each test's
+    tables are its own, and the cache otherwise holds every table the worker ever opened."""
+    yield
+    context = SparkContext._active_spark_context
+    if context is not None and context._jvm is not None:
+        try:
+            context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+        except Exception:  # a JVM already gone: the next test that needs it says so
+            pass
 
 
 def resync_after_timeout() -> None:
