@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -40,31 +41,22 @@ def follow_move(home: Home) -> int:
     (1, 0, True)
     """
     landing = str(home.landing)
-    rewritten = 0
-    for log in home.checkpoints.glob("*/sources/*/*"):
-        if log.name.startswith(".") or not log.is_file():
-            continue
-        lines = log.read_text().splitlines()
-        changed = 0
-        for i, line in enumerate(lines[1:], start=1):
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            if not isinstance(entry, dict) or "path" not in entry:
-                continue  # not a file source's log (a Kafka source keeps its offsets here)
-            moved = moved_here(unquote(entry["path"].removeprefix("file://")), landing)
-            if moved is not None:
-                entry["path"] = "file://" + quote(moved, safe=URI_PATH_SAFE)
-                try:  # a copy may not keep the time: the file as found here is the one read
-                    entry["timestamp"] = int(os.stat(moved).st_mtime * 1000)
-                except FileNotFoundError:
-                    pass
-                lines[i] = json.dumps(entry, separators=(",", ":"))
-                changed += 1
-        if changed:
-            _replace(log, lines)
-            rewritten += changed
-    return rewritten + _follow_state_schemas(home)
+
+    def follow(entry: dict) -> int:
+        if "path" not in entry:
+            return 0  # not a file source's log (a Kafka source keeps its offsets here)
+        moved = moved_here(unquote(entry["path"].removeprefix("file://")), landing)
+        if moved is None:
+            return 0
+        entry["path"] = "file://" + quote(moved, safe=URI_PATH_SAFE)
+        try:  # a copy may not keep the time: the file as found here is the one read
+            entry["timestamp"] = int(os.stat(moved).st_mtime * 1000)
+        except FileNotFoundError:
+            pass
+        return 1
+
+    return (sum(_rewrite(log, follow) for log in home.checkpoints.glob("*/sources/*/*"))
+            + _follow_state_schemas(home))
 
 
 def _follow_state_schemas(home: Home) -> int:
@@ -72,28 +64,36 @@ def _follow_state_schemas(home: Home) -> int:
     absolutely (`state/<op>/_metadata/v2/<batch>`: dhcp_leases) under another home's checkpoints;
     the query cannot start otherwise once the original is gone. The number of paths rewritten."""
     checkpoints = f"file:{home.checkpoints}"
-    rewritten = 0
-    for metadata in home.checkpoints.glob("**/state/*/_metadata/v2/*"):
-        if metadata.name.startswith(".") or not metadata.is_file():
-            continue
-        lines = metadata.read_text().splitlines()
+
+    def follow(entry: dict) -> int:
         changed = 0
-        for i, line in enumerate(lines[1:], start=1):
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            for store in entry.get("stateStoreInfo", []):
-                paths = store.get("stateSchemaFilePaths", [])
-                for k, path in enumerate(paths):
-                    head, sep, rest = path.rpartition("/checkpoints/")
-                    if sep and head and head + "/checkpoints" != checkpoints:
-                        paths[k] = f"{checkpoints}/{rest}"
-                        changed += 1
+        for store in entry.get("stateStoreInfo", []):
+            paths = store.get("stateSchemaFilePaths", [])
+            for k, path in enumerate(paths):
+                head, sep, rest = path.rpartition("/checkpoints/")
+                if sep and head and head + "/checkpoints" != checkpoints:
+                    paths[k] = f"{checkpoints}/{rest}"
+                    changed += 1
+        return changed
+
+    return sum(_rewrite(metadata, follow) for metadata in home.checkpoints.glob("**/state/*/_metadata/v2/*"))
+
+
+def _rewrite(path: Path, follow: Callable[[dict], int]) -> int:
+    """Apply `follow` (which changes an entry in place and says how many paths it moved) to each JSON
+    line after a checkpoint file's version line; replace the file whole when any moved. The count."""
+    if path.name.startswith(".") or not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    changed = 0
+    for i, line in enumerate(lines[1:], start=1):
+        entry = json.loads(line) if line.strip() else None
+        if isinstance(entry, dict) and (moved := follow(entry)):
             lines[i] = json.dumps(entry, separators=(",", ":"))
-        if changed:
-            _replace(metadata, lines)
-            rewritten += changed
-    return rewritten
+            changed += moved
+    if changed:
+        _replace(path, lines)
+    return changed
 
 
 def _replace(path: Path, lines: list[str]) -> None:

@@ -272,7 +272,10 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
         else:
             for name in writer.writes:
                 if lake.exists(name):
-                    targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
+                    try:
+                        targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
+                    except ValueError as exc:
+                        raise ValueError(f"{name}: {exc}") from None
                     reasons[name] = "requested" if name == table else f"{writer.name} batches <= {batch}"
             if checkpoint.is_dir():
                 if batch < 0:
