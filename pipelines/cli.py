@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipelines.home import Home
 
@@ -113,10 +113,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Home.resolve(args.home), hours=args.hours, hosts=args.hosts, seed=args.seed)
 
 
+class _Parser(argparse.ArgumentParser):
+    """seclake's parser and, through `add_subparsers`, every command's: options are taken only by
+    their whole name, and an unknown argument is named with its own command's usage.
+
+    >>> parser = _Parser(prog="seclake run-once"); _ = parser.add_argument("--home")
+    >>> parser.parse_args(["--home", "h"]).home
+    'h'
+    >>> parser.parse_args(["--hom", "h"])
+    Traceback (most recent call last):
+    SystemExit: 2
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A prefix (`--hom`) that silently meant `--home` would also change meaning when a longer
+        # option is added.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        parsed, extras = super().parse_known_args(*args, **kwargs)
+        if extras and not self._subparsers:
+            # A command's parser; left to the top-level parser, the error would show its usage.
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.rules.cli import rules_dir_arg
 
-    parser = argparse.ArgumentParser(prog="seclake", description="Security-log lakehouse on Spark and Delta")
+    parser = _Parser(prog="seclake", description="Security-log lakehouse on Spark and Delta")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress of every micro-batch")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -136,11 +136,11 @@ def test_intel_load_of_a_domain_seen_in_dns_raises_an_alert_naming_it(home, run_
                    "AND query LIKE '%.%' ORDER BY query LIMIT 1")
     domain = seen.stdout.splitlines()[2].strip()
     feed = tmp_path / "feed.txt"
-    feed.write_text(f"# a feed of one domain, and a range\n{domain}\n10.0.0.0/8\n")
+    feed.write_text(f"# a feed of one domain, and a range too wide to match\n{domain}\n10.0.0.0/7\n")
     loaded = seclake("intel", "load", str(feed), "--home", str(home))
     assert loaded.returncode == 0, loaded.stderr
     assert chatter(loaded) == []
-    assert (f"{feed}: 1 entry not loaded: '10.0.0.0/8': an address range (only single addresses are matched)"
+    assert (f"{feed}: 1 entry not loaded: '10.0.0.0/7': a range wider than /8"
             in loaded.stderr.splitlines()), loaded.stderr
     assert re.fullmatch(r"sweep of the last 90 days: [1-9]\d* new alert\(s\) "
                         r"\(rules threat_intel_domain, threat_intel_ip\)\n", loaded.stdout), loaded.stdout
@@ -217,3 +217,14 @@ def test_rules_status_read_by_delta_rs_exits_with_its_own_code_every_time(spark,
         run = seclake("rules", "status", "--home", str(home.root), timeout=120)
         assert run.returncode == 0 and run.stderr == "", (run.returncode, run.stderr[-500:])
         assert f"{rule.slug} " in run.stdout and "failing, 1 failure(s) in a row" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("command", [["run-once"], ["rules", "status"]])
+def test_an_abbreviated_or_unknown_option_is_named_with_its_commands_usage(tmp_path, command):
+    # `--hom` once meant `--home` (argparse's prefix matching): a later `--homes` would change it.
+    typo = seclake(*command, "--hom", str(tmp_path / "h"))
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    usage, error = typo.stderr.strip().splitlines()[0], typo.stderr.strip().splitlines()[-1]
+    assert usage.startswith(f"usage: seclake {' '.join(command)} "), typo.stderr
+    assert error == f"seclake {' '.join(command)}: error: unrecognized arguments: --hom {tmp_path / 'h'}", error
+    assert not (tmp_path / "h").exists()

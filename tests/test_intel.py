@@ -46,11 +46,15 @@ def test_feed_formats_of_abuse_ch_and_plain_lists():
     assert parse_feed(threatfox).indicators == [("domain", "evil.test"), ("ip", "203.0.113.9")]
     urlhaus = '# id,dateadded,url,url_status\n"1","2026-11-01","http://Bad.Example.org/x.exe","online"\n'
     assert parse_feed(urlhaus).indicators == [("domain", "bad.example.org")]
-    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n198.51.100.0/24\nBücher.test\n")
+    plain = parse_feed("evil.test\nevil.test\n2001:db8::1 # v6\n???\n198.51.100.9/24\nBücher.test\n"
+                       "10.0.0.0/7\n2001:db8::/32\n203.0.113.7/32\n")
     # Zeek logs a query for bücher.test as xn--bcher-kva.test: the indicator must be that to match.
-    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1"), ("domain", "xn--bcher-kva.test")]
-    # Each skipped line is named, and a range says why: a user would otherwise think it is matched.
-    assert plain.skipped == ["'???'", "'198.51.100.0/24': an address range (only single addresses are matched)"]
+    # A range is kept as its network; a /32 is its address.
+    assert plain.indicators == [("domain", "evil.test"), ("ip", "2001:db8::1"), ("cidr", "198.51.100.0/24"),
+                                ("domain", "xn--bcher-kva.test"), ("ip", "203.0.113.7")]
+    # Each skipped line is named, and a range not matched says why: a user would otherwise think it is.
+    assert plain.skipped == ["'???'", "'10.0.0.0/7': a range wider than /8",
+                             "'2001:db8::/32': an IPv6 range (IPv6 is matched by address)"]
 
 
 def test_stix_bundle_gives_its_domain_and_ip_indicators_and_reports_the_rest(tmp_path):
@@ -115,6 +119,13 @@ def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path
     days_back = (datetime.now(timezone.utc).date() - EVENT.date()).days
     assert load(spark, lake, old, sweep_days=days_back - 1).alerts == 0
     assert load(spark, lake, old, sweep_days=days_back).alerts == 1
+    # A range (Spamhaus DROP's format) matches the address inside it: a new indicator, a new alert.
+    drop = tmp_path / "drop.txt"
+    drop.write_text("; Spamhaus DROP List\n198.51.100.0/24 ; SBL000001\n203.0.112.0/24 ; SBL000002\n")
+    ranged = load(spark, lake, drop, sweep_days=days_back)
+    assert (ranged.indicators, ranged.skipped, ranged.alerts) == (2, (), 1)
+    [hit] = lake.read(spark, "alerts").where("evidence LIKE '%/24%'").collect()
+    assert hit.src_ip == "10.0.0.7" and "to 198.51.100.1 in 198.51.100.0/24" in hit.evidence, hit.evidence
 
 
 def test_an_expired_indicator_matches_nothing(spark, lake, tmp_path):

@@ -1,20 +1,22 @@
 """Reading indicator feeds (no Spark): plain lists, CSV as abuse.ch publishes it, and STIX 2.1 bundles.
 
-- **Plain list**: one indicator per line; `#` starts a comment.
+- **Plain list**: one indicator per line; `#` or `;` starts a comment (Spamhaus DROP's
+  `1.10.16.0/20 ; SBL256894`).
 - **CSV** with a header naming the indicator column: `ioc_value` (ThreatFox), `dst_ip` (Feodo
   Tracker), `url` (URLhaus: the URL's host is the indicator), or `indicator`, `value`, `domain`,
   `ip`. abuse.ch's leading `#` comment lines are skipped, and the header may be one of them.
 - **STIX 2.1** bundle (JSON, as TAXII servers and MISP export it), read with the OASIS `stix2`
   library: each `indicator` with a STIX pattern gives the values its pattern compares for
   equality on `domain-name:value`, `ipv4-addr:value`, `ipv6-addr:value` or `url:value` (the URL's
-  host). Other comparisons (file hashes, ports), revoked indicators and those whose `valid_until`
-  has passed are skipped and reported. A pattern that ANDs an address with other conditions
-  counts as the address alone: matching is by address or domain only.
+  host), and the ranges an address is compared to with `ISSUBSET`. Other comparisons (file
+  hashes, ports), revoked indicators and those whose `valid_until` has passed are skipped and
+  reported. A pattern that ANDs an address with other conditions counts as the address alone:
+  matching is by address, range or domain only.
 
-Each value is an IPv4/IPv6 address or a domain name (lower-cased, trailing dot removed, an
-internationalised name in its `xn--` form as DNS carries it); anything
-else is skipped and named in the load's report (an address range with that reason: ranges are
-not matched), never silently kept.
+Each value is an IPv4/IPv6 address, an IPv4 range in CIDR notation (`/8` or longer; `/32` is
+the address) or a domain name (lower-cased, trailing dot removed, an internationalised name in
+its `xn--` form as DNS carries it); anything else is skipped and named in the load's report (an
+IPv6 range or a range wider than `/8` with that reason), never silently kept.
 """
 from __future__ import annotations
 
@@ -27,7 +29,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-IP, DOMAIN = "ip", "domain"
+IP, CIDR, DOMAIN = "ip", "cidr", "domain"
+WIDEST_RANGE = 8
+"""The shortest prefix of a range matched: rules/intel/threat_intel_ip.sql looks a range up by its
+first octet (a join needs an equality), so a range must lie within one. Feeds list /8 and longer
+(Spamhaus DROP, firewall block lists); a wider range is skipped with this reason."""
 CSV_COLUMNS = ("ioc_value", "dst_ip", "url", "indicator", "value", "domain", "ip")
 _DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}$")
 
@@ -41,14 +47,19 @@ class Feed:
 
 
 def classify(text: str) -> tuple[str, str] | None:
-    """(type, normalised value) of an indicator, or None when it is neither an IP nor a domain.
+    """(type, normalised value) of an indicator, or None when it is neither an IP, an IPv4 range
+    nor a domain.
 
     >>> classify("Evil.Example.COM."), classify("203.0.113.9"), classify("http://x.test/a"), classify("a b")
     (('domain', 'evil.example.com'), ('ip', '203.0.113.9'), ('domain', 'x.test'), None)
     >>> classify("Bücher.example")
     ('domain', 'xn--bcher-kva.example')
+    >>> classify("198.51.100.7/24"), classify("198.51.100.7/32"), classify("10.0.0.0/7"), classify("2001:db8::/32")
+    (('cidr', '198.51.100.0/24'), ('ip', '198.51.100.7'), None, None)
     """
     value = text.strip().strip('"').strip()
+    if "/" in value and "://" not in value:
+        return _range(value)
     if "://" in value:
         value = urlsplit(value).hostname or ""
     if ":" in value and value.count(":") == 1:  # host:port, as ThreatFox writes ip:port
@@ -71,6 +82,8 @@ def parse_feed(text: str) -> Feed:
 
     >>> parse_feed("# abuse.ch\\nevil.test\\n198.51.100.7\\nnot an indicator\\n").indicators
     [('domain', 'evil.test'), ('ip', '198.51.100.7')]
+    >>> parse_feed("; Spamhaus DROP\\n1.10.16.0/20 ; SBL256894\\n").indicators
+    [('cidr', '1.10.16.0/20')]
     >>> parse_feed('# "first_seen_utc","dst_ip","dst_port"\\n"2026-11-01","192.0.2.4","443"\\n').indicators
     [('ip', '192.0.2.4')]
     """
@@ -81,7 +94,7 @@ def parse_feed(text: str) -> Feed:
     found: dict[tuple[str, str], None] = {}
     skipped: list[str] = []
     if column is None:
-        values = [line.split("#", 1)[0].strip() for line in lines]
+        values = [line.split("#", 1)[0].split(";", 1)[0].strip() for line in lines]
         values = [v for v in values if v]
     else:
         body = [line for line in lines[header_at + 1:] if line.strip() and not line.lstrip().startswith("#")]
@@ -100,8 +113,8 @@ def parse_feed(text: str) -> Feed:
 def skipped_summary(skipped: list[str] | tuple[str, ...], shown: int = 3) -> str:
     """The skipped entries of a feed in one line: how many, and the first few by name.
 
-    >>> skipped_summary(["'a b'", "'10.0.0.0/8': an address range (only single addresses are matched)"])
-    "2 entries not loaded: 'a b'; '10.0.0.0/8': an address range (only single addresses are matched)"
+    >>> skipped_summary(["'a b'", "'10.0.0.0/7': a range wider than /8"])
+    "2 entries not loaded: 'a b'; '10.0.0.0/7': a range wider than /8"
     >>> skipped_summary(["'x'"] * 5, shown=2)
     "5 entries not loaded: 'x'; 'x'; and 3 more"
     """
@@ -109,17 +122,33 @@ def skipped_summary(skipped: list[str] | tuple[str, ...], shown: int = 3) -> str
     return f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} not loaded: {'; '.join(skipped[:shown])}{more}"
 
 
+def _range(value: str) -> tuple[str, str] | None:
+    """An address range as an indicator: an IPv4 range of /8 or longer, a /32 (or /128) as its
+    address; None for anything else (`_why_skipped` says why)."""
+    try:
+        network = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return None
+    if network.num_addresses == 1:
+        return IP, str(network.network_address)
+    if network.version != 4 or network.prefixlen < WIDEST_RANGE:
+        return None
+    return CIDR, str(network)
+
+
 def _why_skipped(value: str) -> str:
     """A skipped value as the load's report names it, with the reason when one is recognisable.
 
-    >>> _why_skipped("198.51.100.0/24"), _why_skipped("xn--")
-    ("'198.51.100.0/24': an address range (only single addresses are matched)", "'xn--'")
+    >>> _why_skipped("2001:db8::/32"), _why_skipped("10.0.0.0/7"), _why_skipped("xn--")
+    ("'2001:db8::/32': an IPv6 range (IPv6 is matched by address)", "'10.0.0.0/7': a range wider than /8", "'xn--'")
     """
     try:
-        ipaddress.ip_network(value.strip().strip('"'), strict=False)
+        network = ipaddress.ip_network(value.strip().strip('"'), strict=False)
     except ValueError:
         return repr(value)
-    return f"{value!r}: an address range (only single addresses are matched)"
+    if network.version == 6:
+        return f"{value!r}: an IPv6 range (IPv6 is matched by address)"
+    return f"{value!r}: a range wider than /{WIDEST_RANGE}"
 
 
 STIX_VALUE_TYPES = ("domain-name", "ipv4-addr", "ipv6-addr", "url")
@@ -163,7 +192,8 @@ def parse_stix(text: str, now: datetime | None = None) -> Feed:
         usable = 0
         for kind in STIX_VALUE_TYPES:
             for path, operator, literal in comparisons.get(kind, ()):
-                indicator = classify(literal.strip("'")) if path == ["value"] and operator == "=" else None
+                compared = operator == "=" or (operator == "ISSUBSET" and kind.endswith("-addr"))
+                indicator = classify(literal.strip("'")) if path == ["value"] and compared else None
                 if indicator is not None:
                     found[indicator] = None
                     usable += 1
