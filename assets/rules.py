@@ -1,6 +1,6 @@
 """One asset per detection rule file, and the `alerts` table asset that gathers them.
 
-Model: every rule is a streaming query of its own (its own checkpoint, `rules/<slug>_v<version>`)
+Model: every rule is a streaming query of its own (its own checkpoint, `rule_<slug>/v<version>-plan<n>`)
 appending to the one `alerts` table, so each rule asset (`rules/<slug>`) is the *producer* of
 its slice of `alerts`: materialising it runs that rule's query with AvailableNow and records
 how many alerts it added. The table asset (`<layer>/alerts`) depends on every rule asset and
