@@ -80,6 +80,8 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
     Drops are known only from a finished batch's progress, which Spark keeps in memory (the last
     100 batches): a writer asks after each batch for the ones before it, and once more when the
     query ends. Batches that ran just before a crash are not reported (their rows stay in their table).
+    A trigger that found nothing new is reported too, under the id of the batch it did not run: it
+    is no batch here, or a stream between inputs would count that batch seen before it ran.
     """
     newest = query.lastProgress
     if newest is None or newest.batchId <= after:
@@ -87,7 +89,7 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
     # Usually one batch is new: no need to fetch and parse the last 100 progress reports.
     found, last = [], after
     for progress in [newest] if newest.batchId == after + 1 else query.recentProgress:
-        if progress.batchId <= after:
+        if progress.batchId <= after or "addBatch" not in progress.durationMs:
             continue
         last = max(last, progress.batchId)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)

@@ -84,3 +84,58 @@ def test_a_report_leaves_out_sparks_zero_watermark_of_a_query_that_saw_no_event_
     query.recentProgress.append(progress("2026-11-20T00:13:17.601Z"))
     rep = report(RunningQuery("rule_x", query, _Writer(), ()), time.monotonic())  # type: ignore[arg-type]
     assert rep.watermark == "2026-11-20T00:13:17.601Z"
+
+
+def test_late_rows_are_found_when_triggers_without_input_run_between_batches(spark, tmp_path):
+    """`seclake stream` triggers every few seconds; most find nothing and Spark reports them under
+    the id of the next batch. Counting those as batches hid the drops of the batch after them."""
+    import json
+    import time
+
+    from pyspark.sql import functions as F
+
+    from pipelines.query import late_batches
+
+    source = tmp_path / "in"
+    source.mkdir()
+
+    def land(name: str, at: str) -> None:
+        (source / f".{name}").write_text(json.dumps({"t": at}) + "\n")
+        (source / f".{name}").rename(source / name)
+
+    found: list = []
+    after = [-1]
+
+    def writer(frame, batch_id):
+        frame.write.format("noop").mode("overwrite").save()  # a stateful batch must run whole
+        late, after[0] = late_batches(query, after[0])
+        found.extend(late)
+
+    counts = (spark.readStream.schema("t timestamp").json(str(source))
+              .withWatermark("t", "1 minute").groupBy(F.window("t", "1 minute")).count())
+    query = (counts.writeStream.outputMode("append").foreachBatch(writer)
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds")
+             .start())
+
+    def idle_after(batches: int) -> None:  # the batch ran, then triggers that found nothing
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            progress = query.lastProgress
+            if progress and progress.batchId >= batches and "addBatch" not in progress.durationMs:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"no idle trigger after batch {batches - 1}: {query.lastProgress}")
+
+    try:
+        land("a.json", "2026-11-20T10:00:00")
+        idle_after(2)  # its batch, then the batch without data that moves the watermark to 09:59
+        land("late.json", "2026-11-20T09:00:00")  # older than the watermark: dropped
+        idle_after(query.lastProgress.batchId + 1)
+        land("b.json", "2026-11-20T10:05:00")  # its batch asks about the batches before it
+        idle_after(query.lastProgress.batchId + 1)
+        land("c.json", "2026-11-20T10:06:00")
+        idle_after(query.lastProgress.batchId + 1)
+    finally:
+        query.stop()
+    assert [b.rows for b in found] == [1], found
