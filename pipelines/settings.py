@@ -60,7 +60,9 @@ class Settings:
     max_offsets_per_trigger: int = 200_000
     # How far an event may trail the newest event of its table and still be attributed: lines of
     # one sensor arrive in order, sensors and file rotations skew by minutes. Later ones are late
-    # (counted in late_events, kept in silver).
+    # (counted in late_events, kept in silver). The newest event is any sensor's: two sensors'
+    # files of a rotation longer than this, landing in different micro-batches, make the later
+    # one's rows late (docs/attribution.md, "Sensors that share a table").
     event_watermark: str = "10 minutes"
     # The same for DHCP messages. A lease piece is final once the watermark passes its end, so
     # without a DHCP clock (below) this is also most of the wait before an event is attributed.

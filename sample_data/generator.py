@@ -510,6 +510,7 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
             zl[z].extend(main_z[z].get(i, ()))
         el.extend(main_e.get(i, ()))
         hour_events = 0
+        rotation = []
         for (sensor, kind), items in zip(STREAMS, (zl[0], zl[1], zl[2], el)):
             items.sort(key=_first)
             mrng = random.Random(f"{seed}:mess:{window}:{sensor}:{kind}:{i}")
@@ -538,14 +539,22 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
             if is_late:
                 held.append((i, job))
             else:
-                _deliver(job, manifest, state, rate)
+                rotation.append(job)
+        # The hour's files land together, as sensors rotating on the hour deliver them: paced one by
+        # one, Suricata's file landed a rotation's worth of events after Zeek's, and the stream
+        # took its rows for late (docs/sample-data.md, "Live mode").
+        _pace(state, rate, sum(job[4] for job in rotation))
+        for job in rotation:
+            _deliver(job, manifest, state, rate)
         # late files of the previous hour go after this hour's files
         for item in [h for h in held if h[0] < i]:
             held.remove(item)
+            _pace(state, rate, item[1][4])
             _deliver(item[1], manifest, state, rate)
         say(f"{iso(h_us)[:16]}Z  {hour_events:,} events  "
             f"({time.monotonic() - t_start:.1f} s)")
     for _, job in held:
+        _pace(state, rate, job[4])
         _deliver(job, manifest, state, rate)
 
     for k, inc in enumerate(incidents):
@@ -556,13 +565,16 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
     return {org.devices[d].mac: hs[-1].ip for d, hs in plan.holdings.items() if hs and hs[-1].end >= E}
 
 
-def _deliver(job, manifest: dict, state: dict, rate: float | None) -> None:
-    path, data, entry, stats, ev_count = job
+def _pace(state: dict, rate: float | None, events: int) -> None:
+    """Live mode: wait until `events` more events are due at `rate` events/s."""
     if rate is not None:
-        due = state["t0"] + (state["events_written"] + ev_count) / rate
-        delay = due - time.monotonic()
+        delay = state["t0"] + (state["events_written"] + events) / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+
+
+def _deliver(job, manifest: dict, state: dict, rate: float | None) -> None:
+    path, data, entry, stats, ev_count = job
     with _deferred_interrupt(rate is not None):
         state["mtime"] = write_atomic(path, data, state["mtime"])
         _count(entry, stats, ev_count, manifest, state)
