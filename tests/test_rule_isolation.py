@@ -246,3 +246,50 @@ def test_the_stream_retries_a_failing_rule_then_disables_it_and_records_invalid_
     finally:
         for r in running:
             stop_rule(r)
+
+
+def test_the_stream_retries_a_rule_whose_start_fails_and_keeps_a_rule_edited_under_its_version(
+        spark, tmp_path, lake, caplog):
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
+                                            {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    # Valid to the validator, refused by Spark's analysis when the query starts.
+    broken = folder / "unknown_function.sql"
+    broken.write_text(DGA.read_text().replace("f6097087-51a0-4890-829e-23f828e73b08",
+                                              "7d0c3e52-61a4-4f0b-8d7e-2b9a51c4e6f3")
+                      .replace("lower(query) AS name,", "lower_case(query) AS name,"))
+    good = folder / DGA.name
+    good.write_text(DGA.read_text())
+    manager = RuleManager(folder)
+    trigger = {"processingTime": "1 second"}
+    running: list = []
+    try:
+        first = manager.sync(spark, lake, QUICK, trigger, running)
+        assert first.summary == "started rule_dga_nxdomain_burst", first.summary  # the other did not start
+
+        def disabled() -> bool:
+            manager.sync(spark, lake, QUICK, trigger, running)
+            return RuleStatus(spark, lake).get("unknown_function", validate_rule(broken).content_hash).state \
+                == DISABLED
+
+        # Retried after its back-off (a start that fails counts like a failure at run time), then disabled.
+        assert wait_for(disabled, 180)
+        platform = [a for a in lake.read(spark, "alerts").collect() if a.rule_id == PLATFORM_RULE_ID]
+        assert [a.rule_name for a in platform] == ["Rule disabled: unknown_function"], platform
+        assert "UNRESOLVED_ROUTINE" in platform[0].evidence
+
+        # The DGA rule has planned batches; its SQL edited without a new version cannot take its
+        # checkpoint: the running query is kept, and the reason logged once.
+        assert wait_for(lambda: any(a.rule_name.startswith("DGA") for a in lake.read(spark, "alerts").collect()))
+        entry = next(r for r in running if r.name == "rule_dga_nxdomain_burst")
+        good.write_text(good.read_text().replace("WHERE domains >= 20", "WHERE domains >= 25"))
+        caplog.clear()
+        for _ in range(2):
+            assert not manager.sync(spark, lake, QUICK, trigger, running).restarted
+        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst") is entry and entry.query.isActive
+        kept = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
+        assert len(kept) == 1 and "bump `version`" in kept[0], kept
+    finally:
+        for r in running:
+            stop_rule(r)

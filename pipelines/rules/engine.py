@@ -642,6 +642,8 @@ class SyncResult:
     restarted: list[str] = field(default_factory=list)
     # Rules started again after waiting for their input tables to exist.
     retried: list[str] = field(default_factory=list)
+    # Held-back rules started again: their back-off passed, or `seclake rules enable`.
+    resumed: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     # Rules whose query failed or ran over budget: counted in rule_status, held back or disabled.
     failed: list[str] = field(default_factory=list)
@@ -650,7 +652,7 @@ class SyncResult:
     summary: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.started or self.restarted or self.retried or self.stopped or self.failed)
+        return bool(self.started or self.restarted or self.retried or self.resumed or self.stopped or self.failed)
 
 
 class RuleManager:
@@ -661,8 +663,8 @@ class RuleManager:
     - a changed file (any edit: new version, new SQL, new severity): its query restarts, on
       the checkpoint of its (possibly new) version;
     - a removed file: its query stops;
-    - a file that no longer validates: the running version keeps running, the error is
-      logged once per content;
+    - a file that no longer validates, or whose SQL changed under the version its checkpoint
+      was made with: the running version keeps running, the error is logged once per content;
     - a rule that could not start because an input table did not exist yet: retried;
     - a rule whose query failed or whose batch ran over budget: counted in `rule_status`,
       retried once its back-off has passed, left stopped once disabled (until
@@ -690,7 +692,7 @@ class RuleManager:
         start = functools.partial(start_rule, spark, lake, settings, trigger)
         self._restart_failed(start, valid, current, running, result)
         self._clear_probes(current, status)
-        self._deploy(start, valid, current, running, status, result)
+        self._deploy(start, lake, valid, current, running, status, result)
         deployed = {rule.query_name for rule in valid.values()}
         for name, entry in current.items():
             if name in deployed or name in invalid:
@@ -699,12 +701,14 @@ class RuleManager:
             running.remove(entry)
             result.stopped.append(name)
         self._record_invalid(invalid, current, status, result)
-        # One line per sync for the stream's output (a deploy is worth seeing; ten lines a start are not).
-        result.summary = "; ".join(f"{what} {', '.join(names)}" for what, names in (
+        # One line per sync for the stream's output (a deploy is worth seeing; ten lines a start are
+        # not). A query that did not start is not named here: its error is logged.
+        up = {e.name for e in running if not isinstance(e.query, StoppedQuery)}
+        result.summary = "; ".join(f"{what} {', '.join(shown)}" for what, names in (
             ("started", result.started), ("restarted", result.restarted), ("stopped", result.stopped),
-            ("started now that their input tables exist",
-             [e.name for e in running if e.name in result.retried and not isinstance(e.query, StoppedQuery)]))
-            if names)
+            ("started now that their input tables exist", result.retried),
+            ("started again (back-off over, or enabled)", result.resumed))
+            if (shown := names if what == "stopped" else [n for n in names if n in up]))
         return result
 
     @staticmethod
@@ -740,7 +744,7 @@ class RuleManager:
                 if health.reason == DIED:
                     status.put(health.succeeded())
 
-    def _deploy(self, start: Callable[[Rule], RunningQuery], valid: dict[str, Rule],
+    def _deploy(self, start: Callable[[Rule], RunningQuery], lake: Lake, valid: dict[str, Rule],
                 current: dict[str, RunningQuery], running: list[RunningQuery], status: RuleStatus,
                 result: SyncResult) -> None:
         """Start new rules, restart edited ones, retry held-back ones whose back-off passed."""
@@ -755,12 +759,26 @@ class RuleManager:
                 if suspect:
                     self._probing.add(rule.query_name)
             elif _content_hash(entry) != rule.content_hash or _retryable(entry, status):
-                retry = _content_hash(entry) == rule.content_hash
+                edited = _content_hash(entry) != rule.content_hash
+                if edited and self._keeps_running(entry, lake, rule):
+                    continue
+                waited = isinstance(entry.query, StoppedQuery) and isinstance(entry.query.error, MissingInputError)
                 if suspect:
                     self._probing.add(rule.query_name)
                 stop_rule(entry)
                 running[running.index(entry)] = start(rule)
-                (result.retried if retry else result.restarted).append(rule.query_name)
+                (result.restarted if edited else result.retried if waited else result.resumed).append(rule.query_name)
+
+    def _keeps_running(self, entry: RunningQuery, lake: Lake, rule: Rule) -> bool:
+        """An edit whose SQL changed under the version the running query's checkpoint was made
+        with would not start: the running query is kept, and the reason logged once per content."""
+        if isinstance(entry.query, StoppedQuery):
+            return False
+        reason = logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule)
+        if reason and rule.path is not None and self._logged.get(rule.path) != rule.content_hash:
+            self._logged[rule.path] = rule.content_hash
+            log.error("rule file not deployed (its running version keeps running): %s", reason)
+        return bool(reason)
 
     def _record_invalid(self, invalid: dict[str, tuple[Path, str]], current: dict[str, RunningQuery],
                         status: RuleStatus, result: SyncResult) -> None:
@@ -790,11 +808,12 @@ def _content_hash(entry: RunningQuery) -> str:
 
 
 def _retryable(entry: RunningQuery, status: RuleStatus) -> bool:
-    """A held-back rule whose back-off passed (or that was re-enabled), or one waiting for its tables."""
+    """A rule that did not start (held back, or its start failed) whose back-off passed or that
+    was re-enabled, or one waiting for its tables. An invalid rule's writer has no rule: its file
+    must change first."""
     if not isinstance(entry.query, StoppedQuery):
         return False
     if isinstance(entry.query.error, MissingInputError):
         return True
     rule = getattr(entry.writer, "rule", None)
-    return (entry.query.note is not None and rule is not None
-            and status.get(rule.slug, rule.content_hash).may_start(utc_now()))
+    return rule is not None and status.get(rule.slug, rule.content_hash).may_start(utc_now())
