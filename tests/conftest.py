@@ -20,11 +20,16 @@ def spark():
     # instead of holding its pytest worker (pytest-timeout fires once, not again in clean-up).
     # One JVM serves every test of a worker, and what it keeps grows with the tests: at 3g, then at
     # 4g (2026-12-06), a clean-clone CI run's worker died of heap exhaustion in
-    # test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test. So: 5g,
-    # Spark's status store keeps a few executions, jobs and queries instead of its defaults (1,000
-    # executions with their plans, 100,000 tasks), and Delta's cached logs go after each test.
+    # test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test; at 5g it
+    # passed one clean-clone CI and failed the next the same way (2026-12-06, another test order,
+    # other Spark work on the machine). Not explained yet: 6g; Spark's status store keeps a few
+    # executions, jobs and queries instead of its defaults (1,000 executions with their plans,
+    # 100,000 tasks); Delta's cached logs and Spark's cached frames go after each test; and Spark's
+    # cleaner asks for a GC every 3 minutes (not 30), so blocks and broadcasts of tests that are
+    # gone are freed before a full heap is found.
     session = get_spark(app_name="seclake-tests", ui=False, conf={
-        "spark.driver.memory": "5g", "spark.sql.streaming.stopTimeout": "120s",
+        "spark.driver.memory": "6g", "spark.sql.streaming.stopTimeout": "120s",
+        "spark.cleaner.periodicGC.interval": "3min",
         "spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "50", "spark.ui.retainedStages": "50",
         "spark.ui.retainedTasks": "2000", "spark.sql.streaming.ui.retainedQueries": "20",
         "spark.sql.streaming.ui.retainedProgressUpdates": "20"})
@@ -34,13 +39,17 @@ def spark():
 
 @pytest.fixture(autouse=True)
 def forget_delta_logs():
-    """After each test, Delta's cache of table logs and their snapshots is emptied: each test's
-    tables are its own, and the cache otherwise holds every table the worker ever opened."""
+    """After each test, Delta's cache of table logs and their snapshots and Spark's cache of
+    persisted frames are emptied: each test's tables are its own, and the caches otherwise hold
+    every table the worker ever opened and every frame a failed test left persisted."""
     yield
     context = SparkContext._active_spark_context
     if context is not None and context._jvm is not None:
         try:
             context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.catalog.clearCache()
         except Exception:  # a JVM already gone: the next test that needs it says so
             pass
 
