@@ -81,7 +81,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.jobs import stream
     from pipelines.query import REPORT_COLUMNS
     from pipelines.spark import get_spark
-    from pipelines.terminal import print_table
+    from pipelines.terminal import print_table, stamped
 
     _use_rules(args)
     lake = _lake(args)
@@ -94,7 +94,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     stop = "SIGTERM" if child else "Ctrl-C"
     print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; {stop} to stop",
           file=sys.stderr)
-    reports = stream(spark, lake, settings, on_report=lambda r: print(r.line(), flush=True),
+    reports = stream(spark, lake, settings, on_report=lambda r: print(stamped(r.line()), flush=True),
                      report_every=args.report_every, only=args.only)
     print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     print(f"{name}: stopped", file=sys.stderr)

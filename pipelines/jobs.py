@@ -43,6 +43,7 @@ from pipelines.stages import (
     waiting,
     waves,
 )
+from pipelines.terminal import stamped
 
 log = logging.getLogger("seclake")
 
@@ -444,7 +445,7 @@ def _stream(spark: SparkSession, lake: Lake, settings: Settings, stop: threading
                 if now - last_sync >= RULE_SYNC_SECONDS:
                     # Deploy = add or edit a rule file: only that rule's query (re)starts.
                     if deployed := rule_manager.sync(spark, lake, settings, trigger, running).summary:
-                        print(f"rules: {deployed}", file=sys.stderr, flush=True)
+                        print(stamped(f"rules: {deployed}"), file=sys.stderr, flush=True)
                     last_sync = now
             reported -= {r.name for r in running if r.query.isActive}  # a restarted query may fail anew
             failed = [r for r in running if r.name in starters and not r.query.isActive

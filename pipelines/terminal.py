@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
 from io import StringIO
 from types import TracebackType
 from typing import TextIO
@@ -24,6 +25,16 @@ _HEAD_RULE = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=T
 # Width given to rich when the output is not a terminal: rich would otherwise wrap at 80
 # columns, and a log line or table row should stay one line however long.
 PLAIN_WIDTH = 10_000
+
+
+def stamped(line: str, at: datetime | None = None) -> str:
+    """A line of `seclake stream`'s running output with its time (UTC) in front: the stream prints
+    every query's progress each minute for days, and an operator must tell when a line was said.
+
+    >>> stamped("etl: 1 batch", datetime(2026, 12, 6, 4, 20, 10, tzinfo=timezone.utc))
+    '2026-12-06 04:20:10Z etl: 1 batch'
+    """
+    return f"{(at or datetime.now(timezone.utc)).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}Z {line}"
 
 
 def interactive(stream: TextIO) -> bool:
