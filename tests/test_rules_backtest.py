@@ -95,6 +95,13 @@ def test_rules_list_and_validate_commands(tmp_path, capsys):
     assert run_cli("rules", "validate", str(tmp_path / "my_tunnel.sql"), "--rules", str(RULES)) == 1
     out = capsys.readouterr().out
     assert f"INVALID {tmp_path / 'my_tunnel.sql'}: duplicate id " in out and "dns_tunneling.sql: give this rule" in out
+    # A draft of the rule's next version, outside the pack under the rule's own name: a new text of it.
+    draft = tmp_path / "drafts" / "dns_tunneling.sql"
+    draft.parent.mkdir()
+    draft.write_text((RULES / "dns" / "dns_tunneling.sql").read_text().replace("version: 2", "version: 3"))
+    assert run_cli("rules", "validate", str(draft), "--rules", str(RULES)) == 0
+    out = capsys.readouterr().out
+    assert f"ok      {draft} (dns_tunneling v3, high, a new text of {RULES / 'dns' / 'dns_tunneling.sql'})" in out, out
 
 
 def test_report_prints_aligned_tables():

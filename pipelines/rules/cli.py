@@ -133,8 +133,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in files:
         try:
             rule = validate_rule(path)
-            _check_against(rule, joins)
-            print(f"ok      {path} ({rule.slug} v{rule.version}, {rule.severity})")
+            replaced = _check_against(rule, joins)
+            instead = f", a new text of {replaced}" if replaced else ""
+            print(f"ok      {path} ({rule.slug} v{rule.version}, {rule.severity}{instead})")
         except RuleError as exc:
             print(f"INVALID {exc}")
             bad += 1
@@ -142,15 +143,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _check_against(rule: Rule, pack: RulePack | None) -> None:
+def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
     """RuleError when `rule` (a file validated alone) would be refused by the pack it joins: its
-    file is one of the pack's invalid ones, or another file of the pack has its id or name."""
+    file is one of the pack's invalid ones, or another file of the pack has its id or name. A
+    file with the id and the name of a pack's rule is a new text of it (a draft of its next
+    version outside the pack): the path it would replace."""
     if pack is None or rule.path is None:
-        return
+        return None
     here = rule.path.resolve()
     for path, reason in pack.errors.items():
         if path.resolve() == here:
             raise RuleError(reason)
+    for other in pack.rules:
+        if other.path is not None and other.path.resolve() != here and (rule.id, rule.slug) == (other.id, other.slug):
+            return other.path
     for other in pack.rules:
         if other.path is not None and other.path.resolve() != here and rule.id == other.id:
             raise RuleError(f"{rule.path}: duplicate id {rule.id}, the id of {other.path}: give this rule an id "
