@@ -163,6 +163,7 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
                             "of its own (python -c 'import uuid; print(uuid.uuid4())')")
         if other.path is not None and other.path.resolve() != here and rule.slug == other.slug:
             raise RuleError(f"{rule.path}: duplicate rule file name {rule.slug!r} ({other.path}): rename this file")
+    return None
 
 
 def cmd_test(args: argparse.Namespace) -> int:
