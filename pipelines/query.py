@@ -83,14 +83,8 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
     A trigger that found nothing new is reported too, under the id of the batch it did not run: it
     is no batch here, or a stream between inputs would count that batch seen before it ran.
     """
-    newest = query.lastProgress
-    if newest is None or newest.batchId <= after:
-        return [], after
-    # Usually one batch is new: no need to fetch and parse the last 100 progress reports.
     found, last = [], after
-    for progress in [newest] if newest.batchId == after + 1 else query.recentProgress:
-        if progress.batchId <= after or "addBatch" not in progress.durationMs:
-            continue
+    for progress in _batches_after(query, after):
         last = max(last, progress.batchId)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
@@ -98,6 +92,26 @@ def late_batches(query: StreamingQuery, after: int) -> tuple[list[LateBatch], in
             found.append(LateBatch(progress.batchId,
                                    datetime.fromisoformat(mark.replace("Z", "+00:00")) if mark else None, dropped))
     return found, last
+
+
+def _batches_after(query: StreamingQuery, after: int) -> list:
+    """The progress of the batches that ran after batch `after`, oldest first, from Spark's last
+    100 reports. Read from the newest back, and only a batch's report converted: PySpark's
+    `recentProgress` converts all 100, and a stream between inputs leaves a report per idle
+    trigger, so every batch's writer would pay for all of them."""
+    import json
+
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+    reports = query._jsq.recentProgress()
+    ran: list = []
+    for i in range(len(reports) - 1, -1, -1):
+        report = reports[i]
+        if report.batchId() <= after:
+            break
+        if report.durationMs().containsKey("addBatch"):
+            ran.append(StreamingQueryProgress.fromJson(json.loads(report.json())))
+    return ran[::-1]
 
 
 def batch_watermark(query: StreamingQuery) -> int:
