@@ -154,14 +154,15 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
     for path, reason in pack.errors.items():
         if path.resolve() == here:
             raise RuleError(reason)
-    for other in pack.rules:
-        if other.path is not None and other.path.resolve() != here and (rule.id, rule.slug) == (other.id, other.slug):
-            return other.path
-    for other in pack.rules:
-        if other.path is not None and other.path.resolve() != here and rule.id == other.id:
+    others = [o for o in pack.rules if o.path is not None and o.path.resolve() != here]
+    replaced = next((o.path for o in others if (o.id, o.slug) == (rule.id, rule.slug)), None)
+    if replaced is not None:
+        return replaced
+    for other in others:
+        if rule.id == other.id:
             raise RuleError(f"{rule.path}: duplicate id {rule.id}, the id of {other.path}: give this rule an id "
                             "of its own (python -c 'import uuid; print(uuid.uuid4())')")
-        if other.path is not None and other.path.resolve() != here and rule.slug == other.slug:
+        if rule.slug == other.slug:
             raise RuleError(f"{rule.path}: duplicate rule file name {rule.slug!r} ({other.path}): rename this file")
     return None
 
