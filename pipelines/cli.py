@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from pipelines.home import Home
@@ -255,8 +256,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # UTC as `terminal.stamped` writes it: a stream's log and progress lines interleave.
+    said = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%SZ")
+    said.converter = time.gmtime
+    handler = logging.StreamHandler()
+    handler.setFormatter(said)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
         return args.func(args)
     except BrokenPipeError:

@@ -290,6 +290,21 @@ def test_the_stream_retries_a_rule_whose_start_fails_and_keeps_a_rule_edited_und
         assert next(r for r in running if r.name == "rule_dga_nxdomain_burst") is entry and entry.query.isActive
         kept = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
         assert len(kept) == 1 and "bump `version`" in kept[0], kept
+
+        # A new version that Spark's analysis refuses is not deployed either: the running query is
+        # kept (stopping it first would leave the rule detecting nothing), the error logged once.
+        caplog.clear()
+        v3 = DGA.read_text().replace("version: 2", "version: 3")
+        good.write_text(v3.replace("lower(query) AS name,", "lower_case(query) AS name,"))
+        for _ in range(2):
+            assert not manager.sync(spark, lake, QUICK, trigger, running).restarted
+        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst") is entry and entry.query.isActive
+        kept = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
+        assert len(kept) == 1 and "UNRESOLVED_ROUTINE" in kept[0] and "lower" in kept[0], kept
+        # Its fix is deployed.
+        good.write_text(v3)
+        assert manager.sync(spark, lake, QUICK, trigger, running).restarted == ["rule_dga_nxdomain_burst"]
+        assert next(r for r in running if r.name == "rule_dga_nxdomain_burst").query.isActive
     finally:
         for r in running:
             stop_rule(r)

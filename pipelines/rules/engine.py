@@ -439,29 +439,12 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
         missing = [t for t in rule.tables if not lake.exists(t)]
         if missing:
             raise MissingInputError(f"rule {rule.slug}: input table(s) {missing} do not exist yet")
-        for table in rule.lookups:  # empty until its command first writes it: the rule matches nothing yet
-            lake.ensure(spark, table)
         check_resumable(checkpoint)
         app_id = claim_checkpoint(checkpoint, rule)
         if once:
             marker.write_text("once")
         lake.ensure(spark, ALERTS_TABLE, settings.checkpoint_interval)
-        session = rule_session(spark, settings)
-        if rule.emit == "crossed" and not once:
-            # Such a rule alerts in the batch that sees the rows; a batch of no data would only evict
-            # state, which the next data batch does too. In a stream every input commit otherwise cost
-            # each rule reading it two micro-batches (on 2 cores about 1 CPU s for 20 rows, then 0.3
-            # for the one of no data). Run-once keeps them (one at most, after its last data batch).
-            session.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        marks = read_marks(session, lake)
-        for table in rule.tables:
-            # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
-            # of event time in every file, so splitting it by files would make the later files look late.
-            held_to_attribution(read_stream(session, table_path(lake, table)), marks, rule.event_time,
-                                rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
-        for table in rule.lookups:
-            lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
-        rows = alert_frame(session.sql(rule.sql), rule)  # a missing column fails here, not in a batch
+        rows = rule_rows(spark, lake, settings, rule, once=once)
         writer = AlertWriter(lake, rule, app_id, status, settings, marker)
         # "crossed": each batch hands over the windows it changed; alert ids already written are
         # dropped by the writer, so a window's alert is written once, when first crossed.
@@ -486,6 +469,44 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             writer.close()
         return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, exc),
                             IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
+
+
+def rule_rows(spark: SparkSession, lake: Lake, settings: Settings, rule: Rule, *, once: bool) -> DataFrame:
+    """`rule`'s alert rows as a streaming frame, in a session of its own with its input tables as
+    views; Spark's analysis of the SQL runs here, so a missing column fails here, not in a batch."""
+    for table in rule.lookups:  # empty until its command first writes it: the rule matches nothing yet
+        lake.ensure(spark, table)
+    session = rule_session(spark, settings)
+    if rule.emit == "crossed" and not once:
+        # Such a rule alerts in the batch that sees the rows; a batch of no data would only evict
+        # state, which the next data batch does too. In a stream every input commit otherwise cost
+        # each rule reading it two micro-batches (on 2 cores about 1 CPU s for 20 rows, then 0.3
+        # for the one of no data). Run-once keeps them (one at most, after its last data batch).
+        session.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    marks = read_marks(session, lake)
+    for table in rule.tables:
+        # Whole commits per micro-batch (no read limit): a commit of enriched rows spans minutes
+        # of event time in every file, so splitting it by files would make the later files look late.
+        held_to_attribution(read_stream(session, table_path(lake, table)), marks, rule.event_time,
+                            rule.watermark or settings.rule_watermark).createOrReplaceTempView(table)
+    for table in rule.lookups:
+        lookup_view(lake.read(session, table), table).createOrReplaceTempView(table)
+    return alert_frame(session.sql(rule.sql), rule)
+
+
+def plan_error(spark: SparkSession, lake: Lake, settings: Settings, rule: Rule) -> str | None:
+    """Why `rule`'s SQL would not start against the tables as they are now (Spark's analysis, in
+    one line at the file's line), or None; no query is started. An input table that does not
+    exist yet is not an error here: the rule's start waits for it."""
+    if any(not lake.exists(t) for t in rule.tables):
+        return None
+    try:
+        rule_rows(spark, lake, settings, rule, once=False)
+    except PySparkException as exc:
+        return analysis_error(spark, rule, exc)
+    except RuleError as exc:
+        return str(exc)
+    return None
 
 
 def watch_rule(running: RunningQuery, now: float) -> None:
@@ -678,6 +699,7 @@ class RuleManager:
     def __init__(self, rules_dir: str | os.PathLike | None = None) -> None:
         self.rules_dir = Path(rules_dir or default_rules_dir())
         self._logged: dict[Path, str] = {}
+        self._refused: dict[str, str | None] = {}  # content hash of an edit -> why it would not start
         self._probing: set[str] = set()  # suspects of a dead application started, first trigger not done
 
     def sync(self, spark: SparkSession, lake: Lake, settings: Settings, trigger: dict,
@@ -692,7 +714,8 @@ class RuleManager:
         start = functools.partial(start_rule, spark, lake, settings, trigger)
         self._restart_failed(start, valid, current, running, result)
         self._clear_probes(current, status)
-        self._deploy(start, lake, valid, current, running, status, result)
+        plan = functools.partial(plan_error, spark, lake, settings)
+        self._deploy(start, plan, lake, valid, current, running, status, result)
         deployed = {rule.query_name for rule in valid.values()}
         for name, entry in current.items():
             if name in deployed or name in invalid:
@@ -744,7 +767,8 @@ class RuleManager:
                 if health.reason == DIED:
                     status.put(health.succeeded())
 
-    def _deploy(self, start: Callable[[Rule], RunningQuery], lake: Lake, valid: dict[str, Rule],
+    def _deploy(self, start: Callable[[Rule], RunningQuery], plan: Callable[[Rule], str | None], lake: Lake,
+                valid: dict[str, Rule],
                 current: dict[str, RunningQuery], running: list[RunningQuery], status: RuleStatus,
                 result: SyncResult) -> None:
         """Start new rules, restart edited ones, retry held-back ones whose back-off passed."""
@@ -760,7 +784,7 @@ class RuleManager:
                     self._probing.add(rule.query_name)
             elif _content_hash(entry) != rule.content_hash or _retryable(entry, status):
                 edited = _content_hash(entry) != rule.content_hash
-                if edited and self._keeps_running(entry, lake, rule):
+                if edited and self._keeps_running(entry, plan, lake, rule):
                     continue
                 waited = isinstance(entry.query, StoppedQuery) and isinstance(entry.query.error, MissingInputError)
                 if suspect:
@@ -769,12 +793,17 @@ class RuleManager:
                 running[running.index(entry)] = start(rule)
                 (result.restarted if edited else result.retried if waited else result.resumed).append(rule.query_name)
 
-    def _keeps_running(self, entry: RunningQuery, lake: Lake, rule: Rule) -> bool:
-        """An edit whose SQL changed under the version the running query's checkpoint was made
-        with would not start: the running query is kept, and the reason logged once per content."""
+    def _keeps_running(self, entry: RunningQuery, plan: Callable[[Rule], str | None], lake: Lake, rule: Rule) -> bool:
+        """An edit that would not start (its SQL changed under the version the running query's
+        checkpoint was made with, or Spark's analysis refuses it) is not deployed: the running
+        query is kept, and the reason logged once per content."""
         if isinstance(entry.query, StoppedQuery):
             return False
-        reason = logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule)
+        if rule.content_hash not in self._refused:
+            # Planned once per content: the edit's fix is another content, planned in its turn.
+            self._refused[rule.content_hash] = (
+                logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule) or plan(rule))
+        reason = self._refused[rule.content_hash]
         if reason and rule.path is not None and self._logged.get(rule.path) != rule.content_hash:
             self._logged[rule.path] = rule.content_hash
             log.error("rule file not deployed (its running version keeps running): %s", reason)
