@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -153,6 +153,45 @@ class QueryHandle(Protocol):
 
 
 @dataclass
+class ProgressTally:
+    """Spark's progress of one query over every batch it ran, as `report` gives it. Spark keeps a
+    query's last 100 reports only; a stream's reports (every minute, for days) each add the
+    batches since the one before, so the counts stay totals since the query started.
+
+    >>> ProgressTally().add(StoppedQuery("rule_x")).rows_in
+    0
+    """
+
+    after: int = -1  # the newest batch id added
+    rows_in: int = 0
+    late_rows: int = 0
+    state_commit_ms: int = 0
+    # As of the newest batch:
+    watermark: str | None = None
+    state_rows: int = 0
+    state_bytes: int = 0
+
+    def add(self, query: QueryHandle) -> ProgressTally:
+        """Add the batches `query` ran since the last call; returns self."""
+        # A started query's reports, newest back to the last one added; a stand-in's, all of them.
+        ran = (_batches_after(cast(StreamingQuery, query), self.after) if hasattr(query, "_jsq")
+               else [p for p in query.recentProgress if p.batchId > self.after])
+        for progress in ran:
+            self.after = max(self.after, progress.batchId)
+            self.rows_in += progress.numInputRows
+            mark = progress.eventTime.get("watermark")
+            if mark and not mark.startswith("1970-01-01T00:00:00"):  # Spark's 0 before any event time
+                self.watermark = mark
+            ops = progress.stateOperators
+            if ops:
+                self.state_rows = sum(op.numRowsTotal for op in ops)
+                self.state_bytes = sum(op.memoryUsedBytes for op in ops)
+                self.state_commit_ms += sum(op.commitTimeMs for op in ops)
+                self.late_rows += sum(op.numRowsDroppedByWatermark for op in ops)
+        return self
+
+
+@dataclass
 class RunningQuery:
     """A started streaming query, the `foreachBatch` writer behind it and the tables it writes."""
 
@@ -160,6 +199,7 @@ class RunningQuery:
     query: QueryHandle
     writer: BatchWriter
     tables: tuple[str, ...]
+    progress: ProgressTally = field(default_factory=ProgressTally)
 
 
 class StoppedQuery:
@@ -460,19 +500,12 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def report(running: RunningQuery, started: float) -> QueryReport:
-    """Summarise a query's progress events and its writer's per-batch stats since `started` (monotonic)."""
-    rep = QueryReport(running.name, duration_s=time.monotonic() - started)
-    for progress in running.query.recentProgress:
-        rep.rows_in += progress.numInputRows
-        mark = progress.eventTime.get("watermark")
-        if mark and not mark.startswith("1970-01-01T00:00:00"):  # Spark's 0 before any event time
-            rep.watermark = mark
-        ops = progress.stateOperators
-        if ops:
-            rep.state_rows = sum(op.numRowsTotal for op in ops)
-            rep.state_bytes = sum(op.memoryUsedBytes for op in ops)
-            rep.state_commit_ms += sum(op.commitTimeMs for op in ops)
-            rep.late_rows += sum(op.numRowsDroppedByWatermark for op in ops)
+    """Summarise a query's progress (`ProgressTally`) and its writer's per-batch stats, every
+    batch since the query started; `duration_s` counts from `started` (monotonic)."""
+    tally = running.progress.add(running.query)
+    rep = QueryReport(running.name, duration_s=time.monotonic() - started, rows_in=tally.rows_in,
+                      watermark=tally.watermark, state_rows=tally.state_rows, state_bytes=tally.state_bytes,
+                      state_commit_ms=tally.state_commit_ms, late_rows=tally.late_rows)
     for stats in running.writer.history:
         rep.batches += 1
         for unit, n in stats.read.items():

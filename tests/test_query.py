@@ -139,3 +139,28 @@ def test_late_rows_are_found_when_triggers_without_input_run_between_batches(spa
     finally:
         query.stop()
     assert [b.rows for b in found] == [1], found
+
+
+def test_a_streams_reports_count_every_batch_past_the_reports_spark_keeps(spark, tmp_path):
+    """Spark keeps a query's last reports only (100 by default, 2 here); `seclake stream` reports
+    every minute for days, so each report adds the batches since the one before."""
+    import json
+
+    from pipelines.query import DoneWriter, RunningQuery, report
+
+    source = tmp_path / "in"
+    source.mkdir()
+    session = spark.newSession()
+    session.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2")
+    query = (session.readStream.schema("n long").json(str(source)).writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    running = RunningQuery("etl", query, DoneWriter(), ())
+    try:
+        for batch in range(5):
+            (source / f"{batch}.json").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(batch + 1)))
+            query.processAllAvailable()
+            rep = report(running, 0.0)
+    finally:
+        query.stop()
+    assert len(query.recentProgress) <= 2
+    assert rep.rows_in == 1 + 2 + 3 + 4 + 5
