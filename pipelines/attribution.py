@@ -44,6 +44,7 @@ from pipelines.query import (
     AVAILABLE_NOW,
     BatchStats,
     DoneWriter,
+    OwnQuery,
     RunningQuery,
     Stage,
     StoppedQuery,
@@ -584,12 +585,13 @@ class AttributionWriter:
     "enriched_conn")`, and pass it to the query's `foreachBatch`.
     """
 
+    query = OwnQuery()  # the query running this writer, set by its starter
+
     def __init__(self, spark: SparkSession, lake: Lake, table: str) -> None:
         self.spark = spark
         self.query_name = table
         self.sink = lake.sink(table, app_id=table)
         self.late_sink = lake.sink(LATE_EVENTS, app_id=table)
-        self.query: StreamingQuery | None = None  # set by the starter once the query runs
         self.history: list[BatchStats] = []
         self._recorded = -1
 

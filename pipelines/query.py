@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,38 @@ def processing_time(interval: str) -> dict[str, object]:
     {'processingTime': '10 seconds'}
     """
     return {"processingTime": interval}
+
+
+class OwnQuery:
+    """A `foreachBatch` writer's handle on the query that runs it (`writer.query = query`), held
+    weakly. The JVM's query holds the writer (its foreachBatch function, through py4j's callback
+    proxy); a writer holding the query back makes a cycle across the two runtimes that neither
+    garbage collector can see whole, so every stopped query stayed in the JVM with its last plans
+    (the test JVM filled its 6 GB heap with 174 of them). The query's `RunningQuery` keeps it alive
+    while it matters.
+
+    >>> class Writer:
+    ...     query = OwnQuery()
+    >>> class Query:
+    ...     pass
+    >>> writer, query = Writer(), Query()
+    >>> writer.query = query
+    >>> writer.query is query
+    True
+    >>> del query
+    >>> writer.query is None
+    True
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = f"_{name}_ref"
+
+    def __get__(self, writer: object, owner: type | None = None) -> StreamingQuery | None:
+        ref = getattr(writer, self._attr, None)
+        return ref() if ref is not None else None
+
+    def __set__(self, writer: object, query: StreamingQuery | None) -> None:
+        setattr(writer, self._attr, weakref.ref(query) if query is not None else None)
 
 
 @dataclass

@@ -394,3 +394,23 @@ def test_rule_health_is_read_by_spark_from_a_status_table_delta_rs_cannot_read_a
     health = recorded_health(lake, lambda: spark)["r"]
     assert (health.state, health.failures, health.reason) == ("failing", 1, "boom")
     assert health.retry_at is not None and health.retry_at.tzinfo is not None and health.retry_at > utc_now()
+
+
+def test_a_stopped_rule_query_is_freed_in_the_jvm(spark, lake):
+    """The JVM's query holds its writer (the foreachBatch function); a writer holding its query
+    back kept every stopped query, with its plans, alive in the JVM: the test JVM's heap filled."""
+    import gc
+
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    running = start_rule(spark, lake, Settings(), AVAILABLE_NOW, validate_rule(DGA))
+    held = spark._jvm.java.lang.ref.WeakReference(running.query._jsq)
+    running.query.awaitTermination(300)
+    running.writer.close()
+    del running
+
+    def freed() -> bool:
+        gc.collect()  # py4j lets go of a Java object once its Python proxy is collected
+        spark._jvm.System.gc()
+        return held.get() is None
+
+    assert wait_for(freed, 30)

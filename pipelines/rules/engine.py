@@ -46,6 +46,7 @@ from pipelines.lake.sink import CommitResult
 from pipelines.lake.source import caught_up, check_resumable, read_stream
 from pipelines.query import (
     BatchStats,
+    OwnQuery,
     RunningQuery,
     Stage,
     StoppedQuery,
@@ -127,6 +128,8 @@ class AlertWriter:
     the checkpoint) and passes it to the rule query's `writeStream.foreachBatch`.
     """
 
+    query = OwnQuery()  # the query running this writer, set by its starter
+
     def __init__(self, lake: Lake, rule: Rule, app_id: str, status: RuleStatus, settings: Settings,
                  marker: Path) -> None:
         self.rule = rule
@@ -140,8 +143,7 @@ class AlertWriter:
         self.status = status
         self.settings = settings
         self.marker = marker
-        # Set by `start_rule` once the query runs; `overrun` by RuleQuery when a batch ran over budget.
-        self.query: StreamingQuery | None = None
+        # `query` is set by `start_rule` once the query runs; `overrun` by RuleQuery when a batch ran over budget.
         self.overrun: str | None = None
         self._closed = False
         self._late_after = -1  # the newest batch whose late rows were looked at
