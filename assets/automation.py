@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dagster import (
     DagsterInstance,
+    DagsterInvalidDefinitionError,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -121,16 +122,28 @@ def kafka_lag_sensor(context: SensorEvaluationContext, lake: LakeResource):
 
 
 def run_once_schedule_def(cron: str | None = None):
-    """`run_once_schedule`: run_once_job every 15 minutes (`$SECLAKE_RUN_ONCE_CRON` overrides)."""
+    """`run_once_schedule`: run_once_job every 15 minutes (`$SECLAKE_RUN_ONCE_CRON` overrides); a
+    cron that is not one names the variable (the code location then fails to load with that line).
+
+    >>> run_once_schedule_def("every 5 minutes")
+    Traceback (most recent call last):
+    ...
+    ValueError: SECLAKE_RUN_ONCE_CRON 'every 5 minutes' is not a cron schedule of 5 fields, e.g. '*/15 * * * *'
+    """
     cron = cron or environment.run_once_cron() or DEFAULT_CRON
 
-    @schedule(name="run_once_schedule", cron_schedule=cron, job_name=RUN_ONCE_JOB, execution_timezone="UTC",
-              default_status=DefaultScheduleStatus.STOPPED,
-              description=f"run_once_job on cron `{cron}` (UTC), skipped while another lake run is active")
     def run_once_schedule(context: ScheduleEvaluationContext):
         busy = active_lake_run(context.instance)
         if busy:
             return SkipReason(f"run {busy} is still writing the lake")
         return RunRequest(tags={"seclake/trigger": "run_once_schedule"})
 
-    return run_once_schedule
+    try:
+        return schedule(name="run_once_schedule", cron_schedule=cron, job_name=RUN_ONCE_JOB, execution_timezone="UTC",
+                        default_status=DefaultScheduleStatus.STOPPED,
+                        description=f"run_once_job on cron `{cron}` (UTC), skipped while another lake run is active",
+                        )(run_once_schedule)
+    except DagsterInvalidDefinitionError:
+        # Dagster's own error names the schedule, not the setting the cron came from.
+        raise ValueError(f"SECLAKE_RUN_ONCE_CRON {cron!r} is not a cron schedule of 5 fields, "
+                         f"e.g. {DEFAULT_CRON!r}") from None

@@ -19,9 +19,9 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.automation import landing_files, new_files
+from assets.automation import active_lake_run, landing_files, new_files
 from assets.resources import LakeResource, SparkResource
-from assets.tables import LAKE_POOL, table_key
+from assets.tables import LAKE_POOL, table_key, table_state
 
 INTEL_JOB = "intel_load_job"
 
@@ -36,6 +36,7 @@ class IntelConfig(Config):
 def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: SparkResource, lake: LakeResource):
     from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import INDICATORS_TABLE, load
+    from pipelines.rules.tables import ALERTS_TABLE
 
     result = load(spark.session, lake.lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
     context.log.info(f"{result.indicators} indicator(s) loaded, {result.alerts} new alert(s) from the sweep")
@@ -43,9 +44,16 @@ def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: Spa
         context.log.warning(f"{config.file}: {skipped_summary(result.skipped)}")
     context.log_event(AssetMaterialization(
         asset_key=table_key(INDICATORS_TABLE), description=f"loaded from {config.file}",
-        metadata={"version": result.version, "indicators_in_file": result.indicators,
+        # The table's state (`table_version` ...) as every table materialisation has it: table_state_sensor
+        # then finds this version recorded.
+        metadata={**table_state(lake.lake, INDICATORS_TABLE), "version": result.version,
+                  "indicators_in_file": result.indicators,
                   "skipped_lines": len(result.skipped), "new_alerts": result.alerts,
                   "sweep_rules": ", ".join(result.rules)}))
+    if result.alerts:
+        context.log_event(AssetMaterialization(
+            asset_key=table_key(ALERTS_TABLE), description=f"{result.alerts} alert(s) from the sweep of {config.file}",
+            metadata={**table_state(lake.lake, ALERTS_TABLE), "new_alerts": result.alerts}))
 
 
 @job(name=INTEL_JOB, executor_def=in_process_executor, tags={"seclake/mode": "intel"},
@@ -64,6 +72,11 @@ def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
     changed = new_files(current, json.loads(context.cursor) if context.cursor else {})
     if not changed:
         return SkipReason(f"no new or changed feed under {folder}")
+    busy = active_lake_run(context.instance)
+    if busy:
+        # The sweep appends to `alerts` beside the rules' own appends; the cursor is kept, so the
+        # feeds are looked at again once that run has finished.
+        return SkipReason(f"{len(changed)} new or changed feed(s) wait for run {busy} to finish")
     requests = [RunRequest(run_key=f"{name}@{changed[name]}",
                            run_config={"ops": {"load_indicators": {"config": {"file": str(folder / name)}}}},
                            tags={"seclake/trigger": "intel_sensor", "seclake/feed": name})

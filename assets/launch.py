@@ -5,8 +5,9 @@ materialisations are in the Dagster UI started with the same `DAGSTER_HOME`:
 
     DAGSTER_HOME=DIR SECLAKE_HOME=HOME python -m assets.launch run_once_job
 
-Progress is one line per finished step on stderr (a live bar on a terminal), not Dagster's
-event log; the exit code is 0 when the run succeeded, else 1 with each failed step named.
+Progress is one line per finished step (and per retry) on stderr (a live bar on a terminal), not
+Dagster's event log; then a table of the steps, a line per failed check, and the steps that did not
+run. The exit code is 0 when the run succeeded, else 1 with each failed step named in one line.
 """
 from __future__ import annotations
 
@@ -19,14 +20,21 @@ import sys
 import threading
 import uuid
 import warnings
+from typing import TYPE_CHECKING
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, JobDefinition
 
-from assets.resources import SparkResource, resources_for_environment
+from assets.jobs import LAKE_JOBS
+from assets.resources import LakeResource, SparkResource, resources_for_environment
 from pipelines.home import dagster_instance
+from pipelines.operations.running import refuse_while_streaming
 from pipelines.terminal import Progress, print_table
 
-FINISHED = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_SKIPPED}
+if TYPE_CHECKING:
+    from dagster._utils.error import SerializableErrorInfo
+
+FINISHED = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_SKIPPED,
+            DagsterEventType.STEP_UP_FOR_RETRY}
 OUTCOME = {DagsterEventType.STEP_SUCCESS: "ok", DagsterEventType.STEP_FAILURE: "FAILED",
            DagsterEventType.STEP_SKIPPED: "skipped"}
 
@@ -36,6 +44,15 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
     from assets.definitions import defs
 
     job = defs.resolve_job_def(job_name)
+    if job_name in LAKE_JOBS:
+        # Said at once: the run's first op would say it too, after Spark and Dagster's set-up (~20 s).
+        lake = resources_for_environment()["lake"]
+        assert isinstance(lake, LakeResource)
+        try:
+            refuse_while_streaming(lake.lake.home, f"a {job_name} run")
+        except RuntimeError as err:
+            print(f"{job_name}: {err}", file=sys.stderr)
+            return 1
     # The run's SparkSession is built beside Dagster's own set-up of the run (its instance, the run's
     # record: the demo's first step starts ~9 s after this process), not by that step; the run's `spark` resource
     # then finds it running. This resource started it, so it stops it when the run is over.
@@ -73,21 +90,45 @@ def _run(job: JobDefinition, job_name: str, tags: dict[str, str]) -> int:
         watcher = threading.Thread(target=_follow, args=(instance, run_id, progress, steps, done), daemon=True)
         watcher.start()
         try:
+            # Dagster's console logger would print each failure with its stack: the lines below say it.
             job.execute_in_process(instance=instance, run_id=run_id, raise_on_error=False, tags=tags,
-                                   run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}})
+                                   run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}})
         finally:
             done.set()
             watcher.join()
     run = instance.get_run_by_id(run_id)
     print_table(["step", "outcome", "seconds"], steps, title=f"Dagster run {run_id} ({job_name})")
+    for record in instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records:
+        event = record.event_log_entry.dagster_event
+        check = event.asset_check_evaluation_data if event is not None else None
+        if check is not None and not check.passed:
+            print(f"{job_name}: check {check.check_name} of {check.asset_key.to_user_string()} did not pass "
+                  f"({check.severity.value}): {check.description or '-'}", file=sys.stderr)
+    ran = {step for step, _, _ in steps}
+    not_run = [node.name for node in job.nodes_in_topological_order if node.name not in ran]
+    if not_run and run is not None and run.status != DagsterRunStatus.SUCCESS:
+        print(f"{job_name}: {len(not_run)} step(s) did not run: {', '.join(not_run)}", file=sys.stderr)
     if run is not None and run.status == DagsterRunStatus.SUCCESS:
         return 0
     for record in instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_FAILURE).records:
         event = record.event_log_entry.dagster_event
         error = event.step_failure_data.error if event is not None and event.step_failure_data else None
-        message = error.message.strip().splitlines()[0] if error is not None and error.message.strip() else "failed"
-        print(f"{job_name}: step {event.step_key if event else '?'} failed: {message}", file=sys.stderr)
+        print(f"{job_name}: step {event.step_key if event else '?'} failed: {_said(error)}", file=sys.stderr)
     return 1
+
+
+def _said(error: SerializableErrorInfo | None) -> str:
+    """A step's error in one line, without the class name Dagster puts before an op's own `Failure`.
+
+    >>> from types import SimpleNamespace as Error
+    >>> _said(Error(message="dagster._core.definitions.events.Failure: 1 rule(s) failed: x"))
+    '1 rule(s) failed: x'
+    >>> _said(Error(message="SchemaMismatchError: column a"))
+    'SchemaMismatchError: column a'
+    """
+    if error is None or not error.message.strip():
+        return "failed"
+    return error.message.strip().splitlines()[0].removeprefix("dagster._core.definitions.events.Failure: ")
 
 
 def _follow(instance: DagsterInstance, run_id: str, progress: Progress,
@@ -101,6 +142,13 @@ def _follow(instance: DagsterInstance, run_id: str, progress: Progress,
         for record in connection.records:
             event = record.event_log_entry.dagster_event
             if event is None or event.step_key is None:
+                continue
+            if event.event_type == DagsterEventType.STEP_UP_FOR_RETRY:
+                retry = event.step_retry_data
+                # The policy's retry request wraps the op's own error.
+                error = (retry.error.cause or retry.error) if retry.error else None
+                wait = f" in {retry.seconds_to_wait:.0f}s" if retry.seconds_to_wait else ""
+                progress.note(f"{event.step_key} up for retry{wait}: {_said(error)}")
                 continue
             duration = getattr(event.event_specific_data, "duration_ms", None)
             seconds = duration / 1000 if duration is not None else None

@@ -30,11 +30,11 @@ def maintain_tables(context: OpExecutionContext, spark: SparkResource, lake: Lak
     from pipelines.operations.maintain import maintain
 
     try:
-        steps = maintain(spark.session, lake.lake, lake.stream_settings)
+        # Each table said as it is done: a home's maintenance takes minutes.
+        maintain(lambda: spark.session, lake.lake, lake.stream_settings,
+                 on_table=lambda step: context.log.info(step.line()))
     except (ValueError, RuntimeError) as exc:
         raise Failure(description=str(exc)) from exc
-    for step in steps:
-        context.log.info(step.line())
 
 
 @op(pool=LAKE_POOL, description="Delete rows and processed landing files older than each layer's retention")
@@ -42,7 +42,7 @@ def apply_retention(context: OpExecutionContext, spark: SparkResource, lake: Lak
     from pipelines.operations.retention import apply_retention as apply
 
     try:
-        steps = apply(spark.session, lake.lake, lake.stream_settings)
+        steps = apply(lambda: spark.session, lake.lake, lake.stream_settings)
     except (ValueError, RuntimeError) as exc:
         raise Failure(description=str(exc)) from exc
     for step in steps:

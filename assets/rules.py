@@ -123,31 +123,31 @@ def rules_asset(rules: list) -> AssetsDefinition:
                  op_tags={"seclake/rule": "selected"})
     def _rules(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        start_op(the_lake)
-        selected = [key for key in by_key if key in context.selected_asset_keys]
+        with start_op(context, the_lake):
+            selected = [key for key in by_key if key in context.selected_asset_keys]
 
-        def on_report(report) -> None:
-            context.log.info(report.line())
+            def on_report(report) -> None:
+                context.log.info(report.line())
 
-        reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings,
-                                               [stages[key] for key in selected], on_report)}
-        failed = []
-        raised = alerts_by_rule(the_lake)
-        for key in selected:
-            rule, report = by_key[key], reports[stages[key].name]
-            if report.error:
-                failed.append(f"{rule.slug}: {report.error}")
-                continue
-            # The rule's own figures: the state of `alerts` as a whole is its table asset's.
-            meta = run_metadata(report, None, the_lake)
-            meta["alerts_added"] = report.rows_out.get(ALERTS_TABLE, 0)
-            meta["alerts_version"] = report.versions.get(ALERTS_TABLE, "-")
-            if raised is not None:
-                meta["dagster/row_count"] = raised.get(rule.id, 0)
-            yield MaterializeResult(asset_key=key, metadata={**_rule_metadata(rule), **meta})
-        if failed:
-            # The others are materialised above; a retry runs the failed ones again (the others find nothing new).
-            raise Failure(description=f"{len(failed)} rule(s) failed: " + "; ".join(failed), allow_retries=True)
+            reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings,
+                                                   [stages[key] for key in selected], on_report)}
+            failed = []
+            raised = alerts_by_rule(the_lake)
+            for key in selected:
+                rule, report = by_key[key], reports[stages[key].name]
+                if report.error:
+                    failed.append(f"{rule.slug}: {report.error}")
+                    continue
+                # The rule's own figures: the state of `alerts` as a whole is its table asset's.
+                meta = run_metadata(report, None, the_lake)
+                meta["alerts_added"] = report.rows_out.get(ALERTS_TABLE, 0)
+                meta["alerts_version"] = report.versions.get(ALERTS_TABLE, "-")
+                if raised is not None:
+                    meta["dagster/row_count"] = raised.get(rule.id, 0)
+                yield MaterializeResult(asset_key=key, metadata={**_rule_metadata(rule), **meta})
+            if failed:
+                # The others are materialised above; a retry runs the failed ones again (the others find nothing new).
+                raise Failure(description=f"{len(failed)} rule(s) failed: " + "; ".join(failed), allow_retries=True)
 
     return _rules
 
@@ -175,18 +175,20 @@ RULE_ENABLED = "rule_enabled"
 
 def rule_enabled_checks(rules: list) -> AssetChecksDefinition:
     """The `rule_enabled` check of each rule asset in `rules`: fails while `rule_status` has the rule
-    disabled. One op (`rule_enabled`) reads `rule_status` once for them all: a step per rule cost
-    `seclake demo` about 0.3 s each (docs/performance.md, "Shared tables")."""
+    failing (a warning: it is retried after its back-off) or disabled (an error). The rules op
+    materialises a rule held back, so that the alerts and incidents after it still run: this check
+    is where the run shows it. One op (`rule_enabled`) reads `rule_status` once for them all: a step
+    per rule cost `seclake demo` about 0.3 s each (docs/performance.md, "Shared tables")."""
     specs = [AssetCheckSpec(RULE_ENABLED, asset=rule_key(rule.slug), blocking=False,
-                            description="the rule is not disabled after failing at run time (rule_status; "
-                                        "`seclake rules enable` re-enables it)")
+                            description="the rule is not failing or disabled after failing at run time "
+                                        "(rule_status; `seclake rules enable` re-enables a disabled one)")
              for rule in rules]
 
     @multi_asset_check(name=RULE_ENABLED, specs=specs, can_subset=True,
-                       description="every selected rule is not disabled after failing at run time")
+                       description="every selected rule is neither failing nor disabled after failing at run time")
     def _check(context: AssetCheckExecutionContext, spark: SparkResource,
                lake: LakeResource) -> Iterator[AssetCheckResult]:
-        from pipelines.rules.health import DISABLED
+        from pipelines.rules.health import DISABLED, FAILING
         from pipelines.rules.status import health_of, recorded_health
 
         chosen = {key.asset_key for key in context.selected_asset_check_keys}
@@ -198,7 +200,8 @@ def rule_enabled_checks(rules: list) -> AssetChecksDefinition:
             health = health_of(recorded, rule.slug, rule.content_hash)
             yield AssetCheckResult(
                 asset_key=rule_key(rule.slug), check_name=RULE_ENABLED,
-                passed=health.state != DISABLED, severity=AssetCheckSeverity.ERROR,
+                passed=health.state not in (FAILING, DISABLED),
+                severity=AssetCheckSeverity.ERROR if health.state == DISABLED else AssetCheckSeverity.WARN,
                 description=f"{rule.slug}: {health.state}" + (f" ({health.reason})" if health.reason else ""),
                 metadata={"state": health.state, "failures_in_a_row": health.failures, "reason": health.reason or "-",
                           "retry_at": health.retry_at.isoformat() if health.retry_at else "-"})

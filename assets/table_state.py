@@ -5,7 +5,9 @@ would say "Never materialized" about tables full of rows. Every 30 s this sensor
 table's log (delta-rs, no JVM, no Spark) and, for a table whose Delta version differs from the
 one its latest materialisation records, reports a materialisation (runless, attributed to the
 sensor) with the table's version, row count, last commit time and writer. A Dagster run's own
-materialisations already carry that state, so the sensor adds nothing after them.
+materialisations already carry that state, so the sensor adds nothing for those tables; it does
+report what runs change without materialising (the state tables their ops keep, the tables
+maintenance and retention rewrite).
 """
 from dagster import (
     AssetMaterialization,
@@ -49,8 +51,9 @@ def changed_tables(lake: Lake, recorded: dict[str, int | None]) -> list[AssetMat
 
 
 @sensor(name="table_state_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
-        description="Reports a materialisation of each table whose Delta version changed outside Dagster "
-                    "(seclake run-once, demo, stream), with its version, row count and last commit")
+        description="Reports a materialisation of each table whose Delta version is not the one its latest "
+                    "materialisation records (written by seclake run-once, demo, stream, or by a run without "
+                    "materialising it), with its version, row count and last commit")
 def table_state_sensor(context: SensorEvaluationContext, lake: LakeResource):
     keys = {table: table_key(table) for table in Lake.names()}
     latest = context.instance.get_latest_materialization_events(list(keys.values()))
@@ -59,5 +62,5 @@ def table_state_sensor(context: SensorEvaluationContext, lake: LakeResource):
         return SkipReason("every table's latest materialisation shows its current Delta version")
     # A tick that requests no run is logged as skipped: its reason says what it reported instead.
     names = ", ".join(event.asset_key.to_user_string() for event in reports)
-    return SensorResult(asset_events=reports, skip_reason=f"reported the Delta state of {len(reports)} "
-                                                          f"table(s) written outside Dagster: {names}")
+    return SensorResult(asset_events=reports, skip_reason=f"reported the Delta state of {len(reports)} table(s) "
+                                                          f"changed since their latest materialisation: {names}")

@@ -25,6 +25,7 @@ from dagster import (
 from assets.resources import LakeResource, SparkResource
 from pipelines.lake.log import commits, read_columns, summary, tally
 from pipelines.lake.registry import Lake
+from pipelines.operations.running import WriterLock
 from pipelines.query import QueryReport, Stage
 from pipelines.stages import StageError, own_tables, parts, run_unless_idle, shared_tables, waves
 
@@ -150,15 +151,28 @@ def as_failure(err: StageError, lake: Lake) -> Failure:
     return Failure(description=str(err), metadata=meta, allow_retries=True)
 
 
-def start_op(lake: Lake, *, landing: bool = False) -> None:
-    """`pipelines.jobs.start_run_once` for an op that writes tables (`landing`: it reads landing);
-    refused while `seclake stream` runs on the home, as a Failure not retried."""
+def start_op(context: AssetExecutionContext, lake: Lake, *, landing: bool = False) -> WriterLock:
+    """`pipelines.jobs.start_run_once` for an op that writes tables (`landing`: it reads landing),
+    and the home's writer lock, which the op holds while it writes (`with start_op(...):`).
+    Refused while `seclake stream` runs on the home (a Failure not retried) or while another
+    command writes it (a `seclake run-once` from cron, say: retried, it may be done by then).
+    A home this makes is said in the run's log: a mistyped `SECLAKE_HOME` otherwise looks like a
+    home with nothing new."""
     from pipelines.jobs import start_run_once
+    from pipelines.operations.running import HomeBusy, writer_lock
 
+    existed = lake.home.root.exists()
     try:
         start_run_once(lake, landing=landing)
+        lock = writer_lock(lake.home, f"Dagster run {context.run_id} (op {context.op_def.name})")
+    except HomeBusy as err:
+        raise Failure(description=str(err), allow_retries=True) from None
     except RuntimeError as err:
         raise Failure(description=str(err), allow_retries=False) from None
+    if not existed:
+        context.log.warning(f"home {lake.home.root} did not exist: this run made it, empty (is SECLAKE_HOME, or "
+                            f"the lake resource's `home`, right?); sensors' logs go in {lake.home.landing}")
+    return lock
 
 
 def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None = None) -> AssetsDefinition:
@@ -183,26 +197,26 @@ def stage_asset(stage: Stage, writes: tuple[str, ...], parts: list[Stage] | None
     )
     def _stage(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        start_op(the_lake, landing=not stage.reads)
-        reports = []
-        for run in (stage, *parts):
-            try:
-                reports.append(run_unless_idle(lambda: spark.session, the_lake, lake.stream_settings, run))
-            except StageError as err:
-                raise as_failure(err, the_lake) from err
-            context.log.info(reports[-1].line())
-        if warning := late_attribution_warning(reports):
-            context.log.warning(warning)
-        for table in writes:
-            meta = run_metadata(reports[0], table, the_lake, quarantine)
-            for part in reports[1:]:
-                meta["rows_out"] += part.rows_out.get(table, 0)
-                if quarantine is not None:
-                    meta["quarantine_rows"] += part.rows_out.get(quarantine, 0)
-                if part.versions.get(table) is not None:
-                    meta["version"] = part.versions[table]
-                meta[f"{part.name}_summary"] = part.line()
-            yield MaterializeResult(asset_key=table_key(table), metadata=meta)
+        with start_op(context, the_lake, landing=not stage.reads):
+            reports = []
+            for run in (stage, *parts):
+                try:
+                    reports.append(run_unless_idle(lambda: spark.session, the_lake, lake.stream_settings, run))
+                except StageError as err:
+                    raise as_failure(err, the_lake) from err
+                context.log.info(reports[-1].line())
+            if warning := late_attribution_warning(reports):
+                context.log.warning(warning)
+            for table in writes:
+                meta = run_metadata(reports[0], table, the_lake, quarantine)
+                for part in reports[1:]:
+                    meta["rows_out"] += part.rows_out.get(table, 0)
+                    if quarantine is not None:
+                        meta["quarantine_rows"] += part.rows_out.get(quarantine, 0)
+                    if part.versions.get(table) is not None:
+                        meta["version"] = part.versions[table]
+                    meta[f"{part.name}_summary"] = part.line()
+                yield MaterializeResult(asset_key=table_key(table), metadata=meta)
 
     return _stage
 
@@ -233,22 +247,22 @@ def wave_asset(wave: list[Stage], writes: dict[str, tuple[str, ...]]) -> AssetsD
     )
     def _wave(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource):
         the_lake = lake.lake
-        start_op(the_lake)
-        chosen = [s for s in wave if any(by_key[k][0] is s for k in context.selected_asset_keys)]
-        reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
-                                               lambda r: context.log.info(r.line()))}
-        if warning := late_attribution_warning(reports.values()):
-            context.log.warning(warning)
-        for key, (stage, table) in by_key.items():
-            if key in context.selected_asset_keys and not reports[stage.name].error:
-                yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], table, the_lake))
-        errors = [StageError(r.name, f"stage {r.name} failed: {r.error}", r.python_error, r)
-                  for r in (reports[s.name] for s in chosen) if r.error]
-        if errors:
-            # Retried unless no failure can pass on a retry; the message names every failed stage.
-            err = next((e for e in errors if e.retriable), errors[0])
-            raise as_failure(StageError(err.stage, "; ".join(map(str, errors)), err.python_error, err.report),
-                             the_lake)
+        with start_op(context, the_lake):
+            chosen = [s for s in wave if any(by_key[k][0] is s for k in context.selected_asset_keys)]
+            reports = {r.name: r for r in run_wave(lambda: spark.session, the_lake, lake.stream_settings, chosen,
+                                                   lambda r: context.log.info(r.line()))}
+            if warning := late_attribution_warning(reports.values()):
+                context.log.warning(warning)
+            for key, (stage, table) in by_key.items():
+                if key in context.selected_asset_keys and not reports[stage.name].error:
+                    yield MaterializeResult(asset_key=key, metadata=run_metadata(reports[stage.name], table, the_lake))
+            errors = [StageError(r.name, f"stage {r.name} failed: {r.error}", r.python_error, r)
+                      for r in (reports[s.name] for s in chosen) if r.error]
+            if errors:
+                # Retried unless no failure can pass on a retry; the message names every failed stage.
+                err = next((e for e in errors if e.retriable), errors[0])
+                raise as_failure(StageError(err.stage, "; ".join(map(str, errors)), err.python_error, err.report),
+                                 the_lake)
 
     return _wave
 

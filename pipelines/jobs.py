@@ -76,12 +76,15 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     If the Spark application stops under a stage (its JVM dies, or Spark stops its context, as
     an OutOfMemoryError does), the run ends with a RuntimeError naming the stage(s) it ran.
     """
+    from pipelines.operations.running import writer_lock
+
     start_run_once(lake)
     session = _session_maker(spark)
     reports = []
-    for wave in waves(stages()):
-        reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
-                            on_report)
+    with writer_lock(lake.home, "seclake run-once"):
+        for wave in waves(stages()):
+            reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
+                                on_report)
     if warning := late_attribution_warning(reports):
         log.warning(warning)
     return reports
@@ -287,7 +290,7 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     that were in a micro-batch when it died are charged a failure (docs/rules.md). `only` runs
     one part in this process: "tables" (ETL and attribution) or "rules".
     """
-    from pipelines.operations.running import running_stream, stream_marker
+    from pipelines.operations.running import running_stream, stream_marker, writer_lock
 
     if only not in (None, "tables", "rules"):
         raise ValueError(f"only={only!r}: expected 'tables' or 'rules'")
@@ -295,19 +298,21 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     if only == "rules" and running_stream(home) == os.getppid():
         # Started by `seclake stream`, which holds the home's stream marker and made the tables.
         return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
-    _reconcile_landing(lake)
-    # Each stage streams from the tables of the one before it: on a fresh home they start empty.
-    # Made here, before a rules application starts: two JVMs creating one table conflict.
-    for name in lake.names():
-        lake.ensure(spark, name, settings.checkpoint_interval)
-    # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
-    with stream_marker(home):
-        if only is not None:
-            return _stream(spark, lake, settings, stop, on_report, report_every,
-                           tables=only == "tables", rules=only == "rules")
-        with RulesApp(lake, settings, report_every) as rules_app:
-            return _stream(spark, lake, settings, stop, on_report, report_every, tables=True, rules=False,
-                           rules_app=rules_app)
+    # Held until the streams stop; the rules' child process runs under it.
+    with writer_lock(home, "seclake stream"):
+        _reconcile_landing(lake)
+        # Each stage streams from the tables of the one before it: on a fresh home they start empty.
+        # Made here, before a rules application starts: two JVMs creating one table conflict.
+        for name in lake.names():
+            lake.ensure(spark, name, settings.checkpoint_interval)
+        # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
+        with stream_marker(home):
+            if only is not None:
+                return _stream(spark, lake, settings, stop, on_report, report_every,
+                               tables=only == "tables", rules=only == "rules")
+            with RulesApp(lake, settings, report_every) as rules_app:
+                return _stream(spark, lake, settings, stop, on_report, report_every, tables=True, rules=False,
+                               rules_app=rules_app)
 
 
 # How long the rules' application has to stop after SIGTERM (a running micro-batch finishing) before SIGKILL.

@@ -95,8 +95,9 @@ def _validate(hours, hosts, seed, start, zeek_format, rates: dict[str, float], r
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the generator's options to ``parser`` (used by ``seclake generate``)."""
-    parser.add_argument("--out", "--home", dest="out", required=True, type=Path,
-                        help="output folder (landing/, reference/, ...): the home `run-once --home` reads")
+    parser.add_argument("--out", "--home", dest="out", type=Path, default=None,
+                        help="output folder (landing/, reference/, ...): the home `run-once --home` reads "
+                             "(default $SECLAKE_HOME, else ./seclake-home, as every command)")
     parser.add_argument("--hours", type=float, default=DEFAULTS["hours"], help="simulated hours (default 24)")
     parser.add_argument("--hosts", type=int, default=DEFAULTS["hosts"], help="inventory devices (>= 5, default 50)")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="random seed (default 7)")
@@ -123,21 +124,23 @@ def run(args: argparse.Namespace) -> int:
 
     Progress: one step per simulated hour (a bar on a terminal, plain lines otherwise).
     """
+    from pipelines.home import Home
     from pipelines.terminal import Progress
 
     started = time.monotonic()
     try:
+        out = args.out or Home.resolve(None).root
         hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)
         with Progress("generate", total=hours) as progress:
             manifest = generate(
-                args.out, hours=args.hours, hosts=args.hosts, seed=args.seed, start=args.start,
+                out, hours=args.hours, hosts=args.hosts, seed=args.seed, start=args.start,
                 zeek_format=args.zeek_format, malformed_rate=args.malformed_rate,
                 duplicate_rate=args.duplicate_rate, late_rate=args.late_rate,
                 out_of_order_rate=args.out_of_order_rate, rate=args.rate,
                 workers=getattr(args, "workers", None), overwrite=getattr(args, "overwrite", False),
                 progress=progress.step,
             )
-        print(done_line(manifest, args.out, time.monotonic() - started), file=sys.stderr)
+        print(done_line(manifest, out, time.monotonic() - started), file=sys.stderr)
     except ValueError as e:
         print(f"seclake generate: error: {e}", file=sys.stderr)
         return 2

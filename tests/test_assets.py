@@ -502,7 +502,8 @@ def test_blocking_quarantine_check_stops_everything_downstream(spark, tmp_path):
     checks = check_results(result)
     ratio = checks["silver/conn:quarantine_ratio"]
     assert not ratio.passed
-    assert "expect_column_values_to_be_between(ratio)" in ratio.description and "zeek: 5/25" in ratio.description
+    assert "expect_column_values_to_be_between(ratio)" in ratio.description
+    assert "zeek: 5/25 = 20.000% > 5.000%" in ratio.description
     done = materializations(result)
     assert "silver/conn" in done and "silver/dns" not in done  # the downstream stage never ran
     assert not result.success
@@ -559,9 +560,12 @@ def test_a_wave_op_runs_its_stages_together_and_a_schema_error_in_one_is_not_ret
             Stage("enriched_dns", ("silver_conn",), ("enriched_dns",), _writing_stage("enriched_dns", {}, error=error))]
     defs = build_definitions(rules_dir=tmp_path / "no-rules", stage_list=fake, resources=resources(tmp_path / "home"))
     assert defs.resolve_asset_graph().get(tables.table_key("enriched_dns")).assets_def.op.name == "enriched"
-    result = defs.resolve_job_def("run_once_job").execute_in_process(
-        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    instance = DagsterInstance.ephemeral()
+    result = defs.resolve_job_def("run_once_job").execute_in_process(instance=instance, raise_on_error=False)
     assert not result.success
+    # The home did not exist: the run made it and says so once (a mistyped SECLAKE_HOME would look empty).
+    made = [e.user_message for e in instance.all_logs(result.run_id) if "did not exist" in e.user_message]
+    assert len(made) == 1 and str(tmp_path / "home") in made[0], made
     done = materializations(result)
     # The stage that succeeded is materialised; the failed one is not, and fails the op without a retry.
     assert done["enriched/conn"]["stage"] == "enriched_conn" and "enriched/dns" not in done
@@ -675,3 +679,21 @@ def test_quarantine_counts_read_only_the_window(spark, tmp_path):
     recent, jobs = spark_jobs(spark, lambda: quality.quarantine_counts(spark, lake, ["zeek"], window_hours=24, now=now))
     assert (recent.iloc[0]["good"], recent.iloc[0]["quarantined"]) == (4, 2)
     assert jobs > 0
+
+
+def test_maintenance_job_says_each_table_as_it_is_done(spark, tmp_path):
+    from pipelines.lake.sink import DeltaSink
+    from pipelines.schemas import QUARANTINE_SCHEMA
+
+    home = tmp_path / "home"
+    lake = Lake(Home.resolve(str(home)).create())
+    row = dict({f.name: None for f in QUARANTINE_SCHEMA.fields}, source="zeek", raw="x", reason="r", batch_id=0)
+    sink = DeltaSink(lake.path("quarantine"), app_id="t")
+    for batch in range(3):  # three small files: something to compact
+        sink.write_batch(spark.createDataFrame([row], QUARANTINE_SCHEMA), batch)
+    instance = DagsterInstance.ephemeral()
+    result = build_definitions(rules_dir=tmp_path / "no-rules", resources=resources(home)).resolve_job_def(
+        "maintenance_job").execute_in_process(instance=instance)
+    assert result.success
+    said = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith("quarantine")]
+    assert len(said) == 1 and re.search(r" 3 files .* -> 1 files ", said[0]), said

@@ -387,6 +387,15 @@ def test_run_turns_bad_arguments_into_exit_code_2(tmp_path, capsys):
     assert parser.parse_args(["--home", str(tmp_path / "h")]).out == tmp_path / "h"
 
 
+def test_without_out_the_home_is_written_as_every_command_finds_it(tmp_path, monkeypatch, capsys):
+    parser = argparse.ArgumentParser()
+    gen.add_arguments(parser)
+    monkeypatch.setenv("SECLAKE_HOME", str(tmp_path / "env-home"))
+    assert gen.run(parser.parse_args(["--hours", "0.2", "--hosts", "5"])) == 0
+    assert (tmp_path / "env-home" / "manifest.json").is_file()
+    assert str(tmp_path / "env-home") in capsys.readouterr().err
+
+
 def test_refuses_to_mix_with_a_previous_output(tmp_path):
     gen.generate(tmp_path, hours=0.2, hosts=5, seed=1)
     with pytest.raises(ValueError, match="already holds"):

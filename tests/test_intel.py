@@ -151,7 +151,7 @@ def test_rules_folder_without_intel_rules_loads_but_sweeps_nothing(spark, lake, 
 def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(spark, lake):
     import os
 
-    from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
+    from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
 
     from assets import intel
     from assets.definitions import build_definitions
@@ -175,6 +175,11 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     assert isinstance(tick(first.cursor), SkipReason)  # unchanged: no second run
     os.utime(feed, (1, 2))
     assert len(tick(first.cursor).run_requests) == 1  # a new version of the feed runs again
+    # While a run writes the lake (the sweep appends to alerts beside the rules), the feed waits.
+    busy = DagsterInstance.ephemeral()
+    busy.add_run(DagsterRun(job_name="run_once_job", run_id="b" * 36, status=DagsterRunStatus.STARTED))
+    waiting = intel.intel_sensor(build_sensor_context(cursor=first.cursor, instance=busy, resources={"lake": resource}))
+    assert isinstance(waiting, SkipReason) and "wait for run" in waiting.skip_message
 
     # The job the sensor requests, run with its config.
     defs = build_definitions(resources={"spark": SparkResource(ui=False), "lake": resource})
@@ -183,5 +188,12 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     assert done.success
     logged = [entry.user_message for entry in instance.all_logs(done.run_id)]
     assert any("1 entry not loaded: 'sha256:ab12'" in m for m in logged), logged  # named in the run's log
+    # The run recorded the versions it wrote: table_state_sensor does not report them again.
+    from assets.table_state import table_state_sensor
+    from assets.tables import table_key
+
+    state = table_state_sensor(build_sensor_context(instance=instance, resources={"lake": resource}))
+    reported = {e.asset_key for e in state.asset_events} if isinstance(state, SensorResult) else set()
+    assert not reported & {table_key("indicators"), table_key("alerts")}, reported
     found = lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()
     assert [a.src_ip for a in found] == ["10.0.0.5"] and "threatfox.csv" in found[0].evidence

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from datetime import date, timedelta
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -205,6 +206,53 @@ def test_run_once_refuses_while_a_stream_runs_on_the_home(spark, tmp_path):
         stream.kill()
         stream.wait()
     assert run_once(spark, lake, SETTINGS, only=["etl"])[0].error is None
+
+
+def test_a_second_writer_of_a_home_is_refused_naming_the_first_and_a_killed_one_leaves_no_lock(tmp_path, capsys):
+    """An hourly run-once from cron that outlasts its hour would run the same queries on the same
+    checkpoints as the next one."""
+    import sys
+
+    from pipelines.cli import main
+    from pipelines.operations.running import HomeBusy, writer_lock
+
+    home = Home.resolve(tmp_path / "home").create()
+    lake = Lake(home)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pipelines.home import Home; from pipelines.operations.running import writer_lock\n"
+        f"lock = writer_lock(Home.resolve({str(home.root)!r}), 'seclake run-once'); print('held', flush=True)\n"
+        "time.sleep(120)")], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(HomeBusy, match=rf"seclake run-once \(pid {holder.pid}, since .* UTC\) is writing "
+                                           rf".*: wait for it to finish before seclake run-once"):
+            run_once(lambda: pytest.fail("no Spark for a refused run"), lake, SETTINGS)  # type: ignore[arg-type]
+        assert main(["maintain", "--home", str(home.root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"pid {holder.pid}" in err[0] and "before seclake maintain" in err[0], err
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own
+        holder.wait()
+    with writer_lock(home, "seclake maintain"):  # the kernel released the dead holder's lock
+        pass
+
+
+def test_a_dagster_job_launched_from_a_shell_refuses_at_once_while_a_stream_runs(tmp_path, monkeypatch, capsys):
+    from assets.launch import main as launch
+
+    home = Home.resolve(tmp_path / "home").create()
+    monkeypatch.setenv("SECLAKE_HOME", str(home.root))
+    stream = subprocess.Popen(["sleep", "120"])  # a live process standing in for seclake stream
+    try:
+        marker_path(home).write_text(f"{stream.pid}\n")
+        assert launch(["maintenance_job"]) == 1
+    finally:
+        stream.kill()
+        stream.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"maintenance_job: a seclake stream (pid {stream.pid}) is running on {home.root}: "
+                   "stop it before a maintenance_job run"], err
+    assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 
 
 def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_path):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import build_asset_check_context
+from dagster import AssetCheckSeverity, build_asset_check_context
 
 from assets.resources import LakeResource, SparkResource
 from assets.rules import rule_enabled_checks, rule_key
@@ -60,6 +60,11 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
     assert "CAST_INVALID_INPUT" in (first["rule_casts_names_to_int"].error or "")
     assert first["rule_dga_nxdomain_burst"].rows_out == {"alerts": 1}
     assert RuleStatus(spark, lake).get(bad.slug, bad.content_hash).state == FAILING
+    # Dagster's `rule_enabled` check warns while it backs off (the run's rules op materialises it held back).
+    failing = {r.asset_key: r for r in rule_enabled_checks([good, bad])(
+        build_asset_check_context(), spark=SparkResource(ui=False), lake=LakeResource(home=str(lake.home.root)))}
+    assert not failing[rule_key(bad.slug)].passed and failing[rule_key(bad.slug)].severity == AssetCheckSeverity.WARN
+    assert "failing" in failing[rule_key(bad.slug)].description and failing[rule_key(good.slug)].passed
 
     # Within its back-off the rule is held back, with the reason; after it, retried and disabled.
     held = run_all(spark, lake, [bad], QUICK)[0]
@@ -87,6 +92,7 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
                                                 lake=LakeResource(home=str(lake.home.root)))}
     check = results[rule_key(bad.slug)]
     assert not check.passed and check.metadata["state"].value == DISABLED and "CAST_INVALID_INPUT" in check.description
+    assert check.severity == AssetCheckSeverity.ERROR
     assert results[rule_key(good.slug)].passed and len(results) == 2
 
     # `seclake rules status` exits 1 while a rule is disabled; `enable` brings it back, once.

@@ -4,6 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 SettingsArg = Callable[[argparse.ArgumentParser, str], None]  # the parser, an example assignment
@@ -79,13 +83,13 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     lake = _lake(args)
     with Progress("maintain", total=len([n for n in lake.names() if lake.exists(n)])) as progress:
-        spark = None
-        if not args.dry_run:
+        def start_spark() -> SparkSession:
             from pipelines.spark import get_spark
 
             progress.working_on("starting Spark")
-            spark = get_spark(app_name="seclake-maintain")
-        done = maintain(spark, lake, _settings_of(args), dry_run=args.dry_run,
+            return get_spark(app_name="seclake-maintain")
+
+        done = maintain(None if args.dry_run else start_spark, lake, _settings_of(args), dry_run=args.dry_run,
                         on_table=lambda step: progress.step(step.line()))
     print_table(MAINTENANCE_COLUMNS, [step.cells() for step in done])
     return 0
@@ -96,8 +100,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
     from pipelines.spark import get_spark
 
     lake, settings = _lake(args), _settings_of(args)  # bad input refused before Spark starts
-    spark = get_spark(app_name="seclake-retention")
-    for step in apply_retention(spark, lake, settings, dry_run=args.dry_run):
+    for step in apply_retention(lambda: get_spark(app_name="seclake-retention"), lake, settings, dry_run=args.dry_run):
         print(step.line(args.dry_run))
     return 0
 

@@ -7,6 +7,7 @@ run while `seclake stream` runs, like every operator command (`pipelines/operati
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -52,13 +53,16 @@ class TableMaintenance:
                 after and after.files, after and after.size_bytes / 2**20, after and self.vacuumed)
 
 
-def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(), dry_run: bool = False,
-             on_table: Callable[[TableMaintenance], None] | None = None) -> list[TableMaintenance]:
+def maintain(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake, settings: Settings = Settings(),
+             dry_run: bool = False, on_table: Callable[[TableMaintenance], None] | None = None
+             ) -> list[TableMaintenance]:
     """Compact, vacuum and checkpoint every table of `lake`; a dry run only reads the logs.
-    `on_table` hears of each table as it is done (`seclake maintain`'s progress)."""
+    `on_table` hears of each table as it is done (`seclake maintain`'s progress). `spark` may be a
+    function making the session, called once the home's writer lock is held: a refusal comes
+    before a JVM starts."""
     from pipelines.lake.admin import write_log_checkpoint
     from pipelines.lake.maintenance import compact, vacuum
-    from pipelines.operations.running import refuse_while_streaming
+    from pipelines.operations.running import refuse_while_streaming, writer_lock
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "maintenance")
@@ -66,16 +70,19 @@ def maintain(spark: SparkSession | None, lake: Lake, settings: Settings = Settin
         raise ValueError(f"vacuum_retention_hours must be >= {MIN_RETENTION_HOURS} (Delta's floor: a lagging "
                          f"stream or time travel would lose files), not {settings.vacuum_retention_hours}")
     done = []
-    for name in (n for n in lake.names() if lake.exists(n)):
-        path = lake.path(name)
-        before = file_stats(path)
-        if dry_run or spark is None:
-            done.append(TableMaintenance(name, before))
-        else:
-            compact(spark, path)
-            removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
-            write_log_checkpoint(spark, path)
-            done.append(TableMaintenance(name, before, file_stats(path), len(removed)))
-        if on_table:
-            on_table(done[-1])
+    with nullcontext() if dry_run else writer_lock(lake.home, "seclake maintain"):
+        if callable(spark) and not dry_run:
+            spark = spark()
+        for name in (n for n in lake.names() if lake.exists(n)):
+            path = lake.path(name)
+            before = file_stats(path)
+            if dry_run or not isinstance(spark, SparkSession):
+                done.append(TableMaintenance(name, before))
+            else:
+                compact(spark, path)
+                removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
+                write_log_checkpoint(spark, path)
+                done.append(TableMaintenance(name, before, file_stats(path), len(removed)))
+            if on_table:
+                on_table(done[-1])
     return done

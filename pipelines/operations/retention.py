@@ -6,6 +6,8 @@ batch the ETL committed read them (`etl.processed_files`), so nothing unprocesse
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -42,15 +44,24 @@ def _cutoff(days: int, today: date) -> date | None:
     return None if days <= 0 else today - timedelta(days=days)
 
 
-def apply_retention(spark: SparkSession | None, lake: Lake, settings: Settings = Settings(),
-                    dry_run: bool = False, today: date | None = None) -> list[RetentionStep]:
+def apply_retention(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake,
+                    settings: Settings = Settings(), dry_run: bool = False, today: date | None = None
+                    ) -> list[RetentionStep]:
     """Delete rows and processed landing files older than each layer's retention (or, with
-    `dry_run`, count them). `today` defaults to the UTC date."""
-    from pipelines.operations.running import refuse_while_streaming
+    `dry_run`, count them). `today` defaults to the UTC date. `spark` may be a function making
+    the session, called once the home's writer lock is held: a refusal comes before a JVM starts."""
+    from pipelines.operations.running import refuse_while_streaming, writer_lock
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "retention")
-    today = today or datetime.now(timezone.utc).date()
+    with nullcontext() if dry_run else writer_lock(lake.home, "seclake retention"):
+        session = spark() if callable(spark) else spark
+        return _apply(session, lake, settings, dry_run, today or datetime.now(timezone.utc).date())
+
+
+def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: bool,
+           today: date) -> list[RetentionStep]:
+    """`apply_retention` as of `today`, under the home's writer lock unless a dry run."""
     steps = []
     for name in (n for n in lake.names() if lake.exists(n)):
         spec = lake.spec(name)

@@ -376,7 +376,7 @@ def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
     `spark` may be a function making the session: it is called only when there is something to do.
     `on_plan` sees the plan before anything changes (the command prints it).
     """
-    from pipelines.operations.running import refuse_while_streaming
+    from pipelines.operations.running import refuse_while_streaming, writer_lock
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "a rollback")
@@ -386,7 +386,8 @@ def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
     if not dry_run and plan.steps():
         if spark is None:
             raise ValueError("a rollback that is not a dry run needs a SparkSession")
-        apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
+        with writer_lock(lake.home, "seclake rollback"):
+            apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
     return plan
 
 

@@ -1,11 +1,18 @@
-"""The `seclake stream` marker: a pid file in the home while the streams run.
+"""Who writes a home: the `seclake stream` marker and the home's writer lock.
 
 Rollback, maintenance and retention rewrite tables and checkpoints the streams are using, so they
-refuse while the marker names a live process.
+refuse while the marker (a pid file in the home while the streams run) names a live process.
+
+Every command that writes a home's tables and checkpoints (run-once, stream, maintain, retention,
+and each writing op of a Dagster run) holds the home's writer lock while it does (`writer_lock`):
+two at once would run queries on the same checkpoints, so the second is refused in one line naming
+the first. An hourly `run-once` from cron that outlasts its hour is the usual way to get there.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,3 +67,59 @@ def refuse_while_streaming(home: Home, command: str) -> None:
     pid = running_stream(home)
     if pid is not None:
         raise RuntimeError(f"a seclake stream (pid {pid}) is running on {home.root}: stop it before {command}")
+
+
+LOCK = "writer.lock"
+
+
+class HomeBusy(RuntimeError):
+    """Another process holds the home's writer lock; it ends when that process finishes (or dies)."""
+
+
+class WriterLock:
+    """The home's writer lock, held from `writer_lock` until `release` (or the block's end, or the
+    process's: the kernel releases a dead holder's lock, so a `kill -9` leaves none behind)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Let the next writer in (the lock file stays, empty)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> WriterLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def writer_lock(home: Home, command: str) -> WriterLock:
+    """Take `home`'s writer lock for `command` ("seclake run-once"), or raise HomeBusy naming the
+    command that holds it. Not blocking: the caller says what to do instead.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     home = Home.resolve(tmp)
+    ...     with writer_lock(home, "seclake run-once"):
+    ...         writer_lock(home, "seclake maintain")
+    Traceback (most recent call last):
+    ...
+    pipelines.operations.running.HomeBusy: seclake run-once (pid ...) is writing ...: wait ... before seclake maintain
+    """
+    path = home.root / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{command} (pid {os.getpid()}, since {time.strftime('%H:%M:%S', time.gmtime())} UTC)".encode(), 0)
+    return WriterLock(fd)
