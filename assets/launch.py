@@ -50,7 +50,7 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
         assert isinstance(lake, LakeResource)
         try:
             refuse_while_streaming(lake.lake.home, f"a {job_name} run")
-        except RuntimeError as err:
+        except (RuntimeError, ValueError) as err:  # ValueError: a home recorded with another lake
             print(f"{job_name}: {err}", file=sys.stderr)
             return 1
     # The run's SparkSession is built beside Dagster's own set-up of the run (its instance, the run's

@@ -22,11 +22,13 @@ def spark():
     # 4g (2026-12-06), a clean-clone CI run's worker died of heap exhaustion in
     # test_real_logs_lose_no_line (which passes alone in 27 s), failing every later test; at 5g it
     # passed one clean-clone CI and failed the next the same way (2026-12-06, another test order,
-    # other Spark work on the machine). Not explained yet: 6g; Spark's status store keeps a few
-    # executions, jobs and queries instead of its defaults (1,000 executions with their plans,
-    # 100,000 tasks); Delta's cached logs and Spark's cached frames go after each test; and Spark's
-    # cleaner asks for a GC every 3 minutes (not 30), so blocks and broadcasts of tests that are
-    # gone are freed before a full heap is found.
+    # other Spark work on the machine). The cause, found in the 41st session with heap histograms
+    # of a CI's workers: every stopped rule and attribution query stayed in the JVM, held through
+    # its writer (fixed: `pipelines.query.OwnQuery`). Kept from before that: 6g; Spark's status
+    # store keeps a few executions, jobs and queries instead of its defaults (1,000 executions with
+    # their plans, 100,000 tasks); Delta's cached logs and Spark's cached frames go after each test;
+    # and Spark's cleaner asks for a GC every 3 minutes (not 30), so blocks and broadcasts of tests
+    # that are gone are freed before a full heap is found.
     session = get_spark(app_name="seclake-tests", ui=False, conf={
         "spark.driver.memory": "6g", "spark.sql.streaming.stopTimeout": "120s",
         "spark.cleaner.periodicGC.interval": "3min",
