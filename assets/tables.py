@@ -159,12 +159,11 @@ def start_op(context: AssetExecutionContext, lake: Lake, *, landing: bool = Fals
     A home this makes is said in the run's log: a mistyped `SECLAKE_HOME` otherwise looks like a
     home with nothing new."""
     from pipelines.jobs import start_run_once
-    from pipelines.operations.running import HomeBusy, writer_lock
+    from pipelines.operations.running import HomeBusy
 
     existed = lake.home.root.exists()
     try:
-        start_run_once(lake, landing=landing)
-        lock = writer_lock(lake.home, f"Dagster run {context.run_id} (op {context.op_def.name})")
+        lock = start_run_once(lake, f"Dagster run {context.run_id} (op {context.op_def.name})", landing=landing)
     except HomeBusy as err:
         raise Failure(description=str(err), allow_retries=True) from None
     except RuntimeError as err:

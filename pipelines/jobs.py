@@ -22,6 +22,7 @@ from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
+from pipelines.operations.running import WriterLock
 from pipelines.query import (
     QueryReport,
     RunningQuery,
@@ -76,12 +77,9 @@ def run_once(spark: SparkSession | Callable[[], SparkSession], lake: Lake, setti
     If the Spark application stops under a stage (its JVM dies, or Spark stops its context, as
     an OutOfMemoryError does), the run ends with a RuntimeError naming the stage(s) it ran.
     """
-    from pipelines.operations.running import writer_lock
-
-    start_run_once(lake)
     session = _session_maker(spark)
     reports = []
-    with writer_lock(lake.home, "seclake run-once"):
+    with start_run_once(lake, "seclake run-once"):
         for wave in waves(stages()):
             reports += run_wave(session, lake, settings, [stage for stage in wave if not only or stage.name in only],
                                 on_report)
@@ -226,24 +224,32 @@ def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable
     return session_once
 
 
-def start_run_once(lake: Lake, *, landing: bool = True) -> None:
+def start_run_once(lake: Lake, writer: str, *, landing: bool = True) -> WriterLock:
     """What a run-once does before its stages, from `seclake run-once` or a Dagster op: refused
-    (RuntimeError, one line) while `seclake stream` runs on the home, the home made and, when the
-    run reads `landing`, a moved home's checkpoints rewritten and changed landing files named.
+    (RuntimeError, one line) while `seclake stream` runs on the home, the home made, its writer
+    lock taken for `writer` (HomeBusy while another command holds it) and, when the run reads
+    `landing`, a moved home's checkpoints rewritten and changed landing files named. The caller
+    holds the lock it returns while it writes (`with start_run_once(...):`).
 
     >>> import tempfile
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     start_run_once(Lake(Home.resolve(tmp)))
-    ...     (Home.resolve(tmp).landing).is_dir()
+    ...     with start_run_once(Lake(Home.resolve(tmp)), "seclake run-once"):
+    ...         (Home.resolve(tmp).landing).is_dir()
     True
     """
-    from pipelines.operations.running import refuse_while_streaming
+    from pipelines.operations.running import refuse_while_streaming, writer_lock
 
     refuse_while_streaming(lake.home, "a run-once")
     lake.home.create()
+    lock = writer_lock(lake.home, writer)
     if landing:
-        _reconcile_landing(lake)
+        try:
+            _reconcile_landing(lake)  # rewrites checkpoints: under the lock
+        except BaseException:
+            lock.release()
+            raise
+    return lock
 
 
 def _reconcile_landing(lake: Lake) -> None:
