@@ -221,6 +221,7 @@ def test_the_demos_run_is_listed_and_succeeded(dagster_ui, browser, home):
 
 
 def test_asset_graph_shows_every_table_and_rule_asset(dagster_ui, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -232,18 +233,20 @@ def test_asset_graph_shows_every_table_and_rule_asset(dagster_ui, browser):
     open_page(browser, f"{dagster_ui}/asset-groups")
     # The groups start collapsed; Alt+E is the graph's "Expand all groups" shortcut.
     ActionChains(browser).key_down(Keys.ALT).send_keys("e").key_up(Keys.ALT).perform()
-    zoom_out = browser.find_element(By.XPATH, "//*[@aria-label='zoom_out']/ancestor::button[1]")
 
     def labels() -> list[str] | None:
         # The graph renders only the nodes near the viewport: zoom out until every node is inside it.
         nodes = browser.find_elements(By.CSS_SELECTOR, "svg foreignObject:not(.group)")
-        inside = browser.execute_script(
-            "return arguments[0].map(e => { const r = e.getBoundingClientRect();"
-            " return r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth; })", nodes)
-        found = [node.text for node, seen in zip(nodes, inside) if seen and node.text]
+        try:
+            inside = browser.execute_script(
+                "return arguments[0].map(e => { const r = e.getBoundingClientRect();"
+                " return r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth; })", nodes)
+            found = [node.text for node, seen in zip(nodes, inside) if seen and node.text]
+        except StaleElementReferenceException:
+            return None  # the graph re-rendered between finding its nodes and reading them: look again
         if len(found) >= len(keys):
             return found
-        zoom_out.click()
+        browser.find_element(By.XPATH, "//*[@aria-label='zoom_out']/ancestor::button[1]").click()
         return None
 
     shown = wait_for("every asset node in the graph", labels, timeout_s=60, every_s=1)
