@@ -26,7 +26,7 @@ from dagster import (
 from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
 from assets.resources import LakeResource
 from pipelines import environment
-from pipelines.etl import visible_files
+from pipelines.etl import processed_files, visible_files
 
 DEFAULT_CRON = "*/15 * * * *"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -80,10 +80,17 @@ def run_key_for(files: dict[str, str]) -> str:
 def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     landing = lake.lake.home.landing
     current = landing_files(landing)
-    seen = json.loads(context.cursor) if context.cursor else {}
+    if context.cursor:
+        seen = json.loads(context.cursor)
+    else:
+        # The first tick (the sensor just turned on): the files the ETL has committed are not new,
+        # or a home whose landing folder was processed before would get a run that finds nothing.
+        done = processed_files(lake.lake)
+        seen = {path: stamp for path, stamp in current.items() if str(landing / path) in done}
     fresh = new_files(current, seen)
     if not fresh:
-        return SkipReason(f"no new files under {landing}")
+        skip = SkipReason(f"no new files under {landing}")
+        return SensorResult(skip_reason=skip, cursor=_cursor(current)) if not context.cursor else skip
     busy = active_lake_run(context.instance)
     if busy:
         # Keep the cursor: the files are looked at again once that run has finished.
@@ -91,7 +98,11 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     request = RunRequest(run_key=run_key_for(fresh),
                          tags={"seclake/trigger": "landing_sensor", "seclake/new_files": str(len(fresh))})
     # The cursor is what exists now, so files removed from landing/ (retention) drop out of it.
-    return SensorResult(run_requests=[request], cursor=json.dumps(current, sort_keys=True, separators=(",", ":")))
+    return SensorResult(run_requests=[request], cursor=_cursor(current))
+
+
+def _cursor(files: dict[str, str]) -> str:
+    return json.dumps(files, sort_keys=True, separators=(",", ":"))
 
 
 @sensor(name="kafka_lag_sensor", job_name=RUN_ONCE_JOB, minimum_interval_seconds=30,

@@ -348,6 +348,33 @@ def test_landing_sensor_requests_one_run_per_new_set_of_files(tmp_path):
     assert isinstance(waiting, SkipReason) and "wait" in waiting.skip_message
 
 
+
+def test_landing_sensors_first_tick_counts_the_files_the_etl_committed_as_seen(tmp_path):
+    home = Home.resolve(tmp_path / "home").create()
+    zeek = home.landing / "zeek"
+    zeek.mkdir()
+    done, waiting = zeek / "conn.00.log", zeek / "dns.00.log"
+    done.write_text("a\n")
+    waiting.write_text("b\n")
+    # The ETL's checkpoint after a committed batch of conn.00.log, as Spark's file source logs it.
+    checkpoint = home.checkpoint("etl")
+    for folder in ("offsets", "commits", "sources/0"):
+        (checkpoint / folder).mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text("v1\n{}\n")
+    (checkpoint / "commits" / "0").write_text("v1\n{}\n")
+    (checkpoint / "sources" / "0" / "0").write_text(
+        f'v1\n{{"path":"{done.as_uri()}","timestamp":1,"batchId":0,"action":"add"}}\n')
+    ctx = build_sensor_context(cursor=None, instance=DagsterInstance.ephemeral(),
+                               resources={"lake": LakeResource(home=str(home.root))})
+    first = automation.landing_sensor(ctx)
+    assert first.run_requests[0].tags["seclake/new_files"] == "1"
+
+    waiting.unlink()  # every file left in landing was processed: no run, and the cursor kept
+    first = automation.landing_sensor(ctx)
+    assert not first.run_requests and json.loads(first.cursor).keys() == {"zeek/conn.00.log"}
+    assert "no new files" in first.skip_reason.skip_message
+
+
 # --- Great Expectations suites ----------------------------------------------------------------
 
 def test_ge_suite_passes_good_rows_and_names_failed_expectations_on_bad_rows(spark):
