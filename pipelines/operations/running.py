@@ -4,9 +4,10 @@ Rollback, maintenance and retention rewrite tables and checkpoints the streams a
 refuse while the marker (a pid file in the home while the streams run) names a live process.
 
 Every command that writes a home's tables and checkpoints (run-once, stream, maintain, retention,
-and each op of a Dagster run that runs a stage's queries or rewrites tables) holds the home's writer lock while it does (`writer_lock`):
-two at once would run queries on the same checkpoints, so the second is refused in one line naming
-the first. An hourly `run-once` from cron that outlasts its hour is the usual way to get there.
+and each op of a Dagster run that runs a stage's queries or rewrites tables) holds the home's
+writer lock while it does (`writer_lock`): two at once would run queries on the same checkpoints,
+so the second is refused in one line naming the first. An hourly `run-once` from cron that
+outlasts its hour is the usual way to get there.
 """
 from __future__ import annotations
 
