@@ -22,7 +22,7 @@ from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
-from pipelines.operations.running import WriterLock
+from pipelines.operations.running import WriterLock, refuse_while_streaming, running_stream, stream_marker, writer_lock
 from pipelines.query import (
     QueryReport,
     RunningQuery,
@@ -238,8 +238,6 @@ def start_run_once(lake: Lake, writer: str, *, landing: bool = True) -> WriterLo
     ...         (Home.resolve(tmp).landing).is_dir()
     True
     """
-    from pipelines.operations.running import refuse_while_streaming, writer_lock
-
     refuse_while_streaming(lake.home, "a run-once")
     lake.home.create()
     lock = writer_lock(lake.home, writer)
@@ -296,8 +294,6 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
     that were in a micro-batch when it died are charged a failure (docs/rules.md). `only` runs
     one part in this process: "tables" (ETL and attribution) or "rules".
     """
-    from pipelines.operations.running import running_stream, stream_marker, writer_lock
-
     if only not in (None, "tables", "rules"):
         raise ValueError(f"only={only!r}: expected 'tables' or 'rules'")
     home = lake.home.create()

@@ -348,7 +348,6 @@ def test_landing_sensor_requests_one_run_per_new_set_of_files(tmp_path):
     assert isinstance(waiting, SkipReason) and "wait" in waiting.skip_message
 
 
-
 def test_landing_sensors_first_tick_counts_the_files_the_etl_committed_as_seen(tmp_path):
     home = Home.resolve(tmp_path / "home").create()
     zeek = home.landing / "zeek"
@@ -370,9 +369,9 @@ def test_landing_sensors_first_tick_counts_the_files_the_etl_committed_as_seen(t
     assert first.run_requests[0].tags["seclake/new_files"] == "1"
 
     waiting.unlink()  # every file left in landing was processed: no run, and the cursor kept
-    first = automation.landing_sensor(ctx)
-    assert not first.run_requests and json.loads(first.cursor).keys() == {"zeek/conn.00.log"}
-    assert "no new files" in first.skip_reason.skip_message
+    again = automation.landing_sensor(ctx)
+    assert not again.run_requests and json.loads(again.cursor).keys() == {"zeek/conn.00.log"}
+    assert "no new files" in again.skip_reason.skip_message
 
 
 # --- Great Expectations suites ----------------------------------------------------------------
