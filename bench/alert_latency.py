@@ -149,7 +149,8 @@ def rule_classes() -> dict[str, dict]:
 
     default = Settings().rule_watermark
     return {r.id: {"slug": r.slug, "class": "threshold" if THRESHOLD.search(r.sql) else "per-event",
-                   "tables": list(r.tables), "watermark": r.watermark or default, "emit": r.emit}
+                   "tables": list(r.tables), "watermark": r.watermark or default, "emit": r.emit,
+                   "checkpoint": r.checkpoint_name}
             for r in load_rules()}
 
 
@@ -253,19 +254,18 @@ def main(argv: list[str] | None = None) -> int:
             for row in read_rows(added, ["value"]):
                 floor_seen.setdefault(row["value"], mtime)
 
-    # The measured feed starts once every query is up (the first progress reports of the table
-    # queries and of the rules' application, which starts after them, every rule past its first
-    # micro-batch) and the warm-up is in silver, so its first files queue neither behind the
-    # warm-up nor behind a JVM's start.
+    # The measured feed starts once every query is up (the ETL and every rule of the rules'
+    # application, which starts after the table queries, past its first micro-batch) and the
+    # warm-up is in silver, so its first files queue neither behind the warm-up nor behind a JVM's
+    # start. A query is past its first micro-batch when its checkpoint holds a commit: read from
+    # the home, not from the stream's output, whose wording is for people.
     deadline = time.monotonic() + 600
-    rule_queries = {f"rule_{r['slug']}".encode() for r in rules.values()}
+    checkpoints = {"etl": "etl", **{f"rule_{r['slug']}": r["checkpoint"] for r in rules.values()}}
 
     def not_up() -> set[str]:
-        """The queries not yet reporting (the ETL), or still in their first micro-batch (the rules)."""
-        lines = (work / "stream.log").read_bytes().splitlines()
-        past_first = {ln.split(b":", 1)[0] for ln in lines if ln.startswith(b"rule_") and b" batch" in ln}
-        etl = set() if any(ln.startswith(b"etl:") for ln in lines) else {b"etl"}
-        return {q.decode() for q in etl | (rule_queries - past_first)}
+        """The queries with no micro-batch committed yet."""
+        return {name for name, folder in checkpoints.items()
+                if not any((home / "checkpoints" / folder / "commits").glob("[0-9]*"))}
 
     while not_up() or not warm_names <= silver_seen.keys():
         if stream.poll() is not None or time.monotonic() > deadline:
