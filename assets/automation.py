@@ -26,7 +26,7 @@ from dagster import (
 from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
 from assets.resources import LakeResource
 from pipelines import environment
-from pipelines.etl import processed_files, visible_files
+from pipelines.etl import unprocessed_files, visible_files
 
 DEFAULT_CRON = "*/15 * * * *"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -83,10 +83,10 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     if context.cursor:
         seen = json.loads(context.cursor)
     else:
-        # The first tick (the sensor just turned on): the files the ETL has committed are not new,
-        # or a home whose landing folder was processed before would get a run that finds nothing.
-        done = processed_files(lake.lake)
-        seen = {path: stamp for path, stamp in current.items() if str(landing / path) in done}
+        # The first tick (the sensor just turned on): only what the ETL has yet to read is new, or a
+        # home whose landing folder was processed before would get a run that finds nothing.
+        waiting = unprocessed_files(lake.lake)
+        seen = {path: stamp for path, stamp in current.items() if str(landing / path) not in waiting}
     fresh = new_files(current, seen)
     if not fresh:
         skip = SkipReason(f"no new files under {landing}")

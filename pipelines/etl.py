@@ -157,7 +157,24 @@ def idle(lake: Lake) -> bool:
     last = newest(checkpoint)
     if last is None or newest(checkpoint, committed=True) != last:
         return False
-    return landing_paths(lake) <= processed_files(lake)
+    return not unprocessed_files(lake)
+
+
+def unprocessed_files(lake: Lake) -> set[str]:
+    """The landing files (local paths) the ETL's file sources list and no committed batch of the
+    ETL from landing has read: what its next run takes in.
+
+    >>> import tempfile
+    >>> from pipelines.home import Home
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     lake = Lake(Home.resolve(tmp))
+    ...     folder = lake.home.landing / "zeek"
+    ...     folder.mkdir(parents=True)
+    ...     _ = (folder / "dns.log").write_text("")
+    ...     [Path(p).name for p in unprocessed_files(lake)]
+    ['dns.log']
+    """
+    return landing_paths(lake) - processed_files(lake)
 
 
 def kafka_topics(source: str) -> str:
