@@ -201,8 +201,8 @@ def etl_phase(work: Path, gen: Path, bootstrap: str, env: dict[str, str]) -> tup
     shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
     done = seclake("run-once", "--home", str(home.root), "--only", "etl_kafka", env=env)
     for line in (done.stdout + done.stderr).splitlines():
-        if "etl_kafka" in line and "data lines in" in line:
-            lines = int(re.search(r"([\d,]+) data lines in", line).group(1).replace(",", ""))
+        if "etl_kafka" in line and "messages in" in line:  # its input counted in messages (QueryReport)
+            lines = int(re.search(r"([\d,]+) messages in", line).group(1).replace(",", ""))
             seconds = float(re.search(r" in ([\d.]+)s", line).group(1))
             return lines, seconds
     raise SystemExit(f"no etl_kafka report in the run-once output:\n{done.stdout[-2000:]}")
