@@ -259,13 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     # warm-up is in silver, so its first files queue neither behind the warm-up nor behind a JVM's
     # start. A query is past its first micro-batch when its checkpoint holds a commit: read from
     # the home, not from the stream's output, whose wording is for people.
+    from pipelines.checkpoint import newest
+    from pipelines.etl import QUERY_NAME as ETL
+    from pipelines.home import Home
+
     deadline = time.monotonic() + 600
-    checkpoints = {"etl": "etl", **{f"rule_{r['slug']}": r["checkpoint"] for r in rules.values()}}
+    checkpoints = {name: Home.resolve(home).checkpoint(folder) for name, folder in
+                   [(ETL, ETL), *((f"rule_{r['slug']}", r["checkpoint"]) for r in rules.values())]}
 
     def not_up() -> set[str]:
         """The queries with no micro-batch committed yet."""
-        return {name for name, folder in checkpoints.items()
-                if not any((home / "checkpoints" / folder / "commits").glob("[0-9]*"))}
+        return {name for name, folder in checkpoints.items() if newest(folder, committed=True) is None}
 
     while not_up() or not warm_names <= silver_seen.keys():
         if stream.poll() is not None or time.monotonic() > deadline:

@@ -112,15 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     zorder = copy_home(after, work / "zorder")
     from delta.tables import DeltaTable
 
-    table = DeltaTable.forPath(spark, str(Lake(Home.resolve(zorder)).path("enriched_dns")))
+    lake = Lake(Home.resolve(zorder))
+    table = DeltaTable.forPath(spark, str(lake.path("enriched_dns")))
     # seclake's tables keep statistics on their time columns only (`stats_properties`), so Delta
     # refuses to Z-order by a column it cannot skip on: the copy keeps them on `src_ip` too, and
     # the Z-order's rewrite of every file writes them.
-    detail = table.detail().first()
-    spark.conf.set("spark.sql.runSQLOnFiles", "true")  # seclake's sessions turn path names off (the sandbox)
-    spark.sql(f"ALTER TABLE delta.`{detail.location}` SET TBLPROPERTIES "
-              f"('delta.dataSkippingStatsColumns' = '{detail.properties['delta.dataSkippingStatsColumns']},src_ip')")
-    spark.conf.set("spark.sql.runSQLOnFiles", "false")
+    stats = table.detail().first().properties["delta.dataSkippingStatsColumns"]
+    lake.register(spark, ["enriched_dns"])
+    spark.sql(f"ALTER TABLE enriched_dns SET TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{stats},src_ip')")
     table.optimize().executeZOrderBy("src_ip")
 
     dbs = {name: connect(work / name, spark=spark) for name in ("before", "after", "zorder")}
