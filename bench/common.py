@@ -39,6 +39,14 @@ SILVER_FEEDS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+def stage_report(line: str | bytes) -> dict | None:
+    """A stage's report from a line of `seclake run-once --json` (its `QueryReport` fields by name),
+    or None for any other line (progress, logs)."""
+    if not line.lstrip().startswith(b"{" if isinstance(line, bytes) else "{"):
+        return None
+    return json.loads(line)
+
+
 def work_dir(name: str, given: str | None = None) -> Path:
     """`given`, else a fresh folder under $TMPDIR named after the benchmark (emptied first)."""
     path = Path(given) if given else Path(tempfile.gettempdir()) / f"seclake-bench-{name}"

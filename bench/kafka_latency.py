@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -199,12 +198,11 @@ def etl_phase(work: Path, gen: Path, bootstrap: str, env: dict[str, str]) -> tup
     """`seclake run-once --only etl_kafka` over the topics: (data lines, seconds of the stage)."""
     home = Home(work / "etl-home").create()
     shutil.copytree(gen / "reference", home.reference, dirs_exist_ok=True)
-    done = seclake("run-once", "--home", str(home.root), "--only", "etl_kafka", env=env)
-    for line in (done.stdout + done.stderr).splitlines():
-        if "etl_kafka" in line and "messages in" in line:  # its input counted in messages (QueryReport)
-            lines = int(re.search(r"([\d,]+) messages in", line).group(1).replace(",", ""))
-            seconds = float(re.search(r" in ([\d.]+)s", line).group(1))
-            return lines, seconds
+    done = seclake("run-once", "--json", "--home", str(home.root), "--only", "etl_kafka", env=env)
+    for line in done.stdout.splitlines():
+        report = common.stage_report(line)
+        if report and report["name"] == "etl_kafka":
+            return report["read"]["messages"], report["duration_s"]
     raise SystemExit(f"no etl_kafka report in the run-once output:\n{done.stdout[-2000:]}")
 
 

@@ -78,7 +78,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -90,8 +89,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 HOUR_S = 3600.0
-# run-once's progress line for the etl stage ("run-once [1/16] etl: ...", on stderr): the ETL is done.
-ETL_REPORTED = re.compile(rb"run-once \[\d+/\d+\] etl: ")
 
 
 def deliver(files: list[dict], home: Path) -> int:
@@ -119,12 +116,12 @@ def run_once_measured(home: Path, work: Path, label: str) -> dict:
     """`seclake run-once` under cputime.py; also the tree's CPU when the etl stage reports ("cpu_etl")."""
     out = work / f"cpu-{label}.json"
     cmd = [common.PYTHON, str(common.REPO / "bench" / "cputime.py"), "--out", str(out), "--",
-           common.PYTHON, "-m", "pipelines.cli", "run-once", "--home", str(home)]
+           common.PYTHON, "-m", "pipelines.cli", "run-once", "--json", "--home", str(home)]
     cpu_etl = None
     with open(work / f"run-once-{label}.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for line in proc.stdout:
-            if cpu_etl is None and ETL_REPORTED.match(line):
+            if cpu_etl is None and (common.stage_report(line) or {}).get("name") == "etl":  # the ETL is done
                 cpu_etl = common.tree_cpu(proc.pid)
             log.write(line)
         rc = proc.wait()

@@ -49,7 +49,7 @@ def _use_rules(args: argparse.Namespace) -> None:
 
 def cmd_run_once(args: argparse.Namespace) -> int:
     from pipelines.jobs import run_once
-    from pipelines.query import REPORT_COLUMNS
+    from pipelines.query import REPORT_COLUMNS, QueryReport
     from pipelines.spark import get_spark
     from pipelines.stages import stages
     from pipelines.terminal import Progress, print_table
@@ -72,9 +72,14 @@ def cmd_run_once(args: argparse.Namespace) -> int:
             progress.working_on()
             return spark
 
-        reports = run_once(start_spark, lake, settings, only=args.only or None,
-                           on_report=lambda r: progress.step(r.line()))
-    print_table(REPORT_COLUMNS, [r.cells() for r in reports])
+        def on_report(rep: QueryReport) -> None:
+            progress.step(rep.line())
+            if args.json:
+                print(rep.to_json(), flush=True)
+
+        reports = run_once(start_spark, lake, settings, only=args.only or None, on_report=on_report)
+    if not args.json:
+        print_table(REPORT_COLUMNS, [r.cells() for r in reports])
     return 1 if any(r.error for r in reports) else 0
 
 
@@ -166,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_once.add_argument("--only", action="append", metavar="STAGE",
                           help="run only this stage (repeatable), named as run-once's table names it "
                                "(etl, enriched_dns, rule_dns_tunneling, ...)")
+    run_once.add_argument("--json", action="store_true",
+                          help="print each stage's report on stdout as one line of JSON when the stage ends, "
+                               "instead of the table at the end (for scripts; progress stays on stderr)")
     rules_dir_arg(run_once)
     run_once.set_defaults(func=cmd_run_once)
 

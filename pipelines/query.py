@@ -7,11 +7,12 @@ Nothing here knows which stages exist (`pipelines/stages.py` does).
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -514,6 +515,15 @@ class QueryReport:
         if self.error:
             notes.append(f"FAILED: {self.error}")
         return ", ".join(notes)
+
+    def to_json(self) -> str:
+        """The report as one line of JSON, every field by name: what `seclake run-once --json` prints
+        for scripts, which then need not read the terminal's wording.
+
+        >>> QueryReport("etl", batches=1, read={"files": 4}, duration_s=1.25).to_json()[:44]
+        '{"name": "etl", "batches": 1, "rows_in": 0, '
+        """
+        return json.dumps(asdict(self))
 
     def cells(self) -> tuple[object, ...]:
         """One row under REPORT_COLUMNS.

@@ -3,14 +3,16 @@ piped): seclake's own lines only, no JVM, log4j, Spark or Python-worker chatter,
 (no escape codes: the output is not a terminal)."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipelines.query import REPORT_COLUMNS
+from pipelines.query import REPORT_COLUMNS, QueryReport
 from pipelines.stages import stages
 from sample_data.generator import generate
 
@@ -83,6 +85,21 @@ def test_run_once_prints_a_line_per_stage_then_the_report_table(home, run_once):
     assert out[0].split() == list(REPORT_COLUMNS) and set(out[1]) == {"-"}
     assert [line.split()[0] for line in out[2:]] == names
     assert re.match(r"etl +1 +4 files, [\d,]+ data lines +quarantine=", out[2]), out[2]
+
+
+def test_run_once_json_prints_each_stage_s_report_as_a_line_of_json(home, run_once, tmp_path):
+    assert run_once.returncode == 0
+    again = tmp_path / "home"
+    shutil.copytree(home, again)  # the module's home stays as the other tests expect it
+    run = seclake("run-once", "--json", "--home", str(again))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert chatter(run) == []
+    reports = [QueryReport(**json.loads(line)) for line in run.stdout.splitlines()]  # JSON lines, nothing else
+    assert [r.name for r in reports] == [s.name for s in stages()]
+    # Each line says what the stage's progress line says; a second run has nothing new.
+    progress = [line.split("] ", 1)[1] for line in run.stderr.splitlines() if line.startswith("run-once [")]
+    assert progress == [r.line() for r in reports], run.stderr
+    assert all(r.skipped or not r.batches for r in reports), run.stdout
 
 
 def test_run_once_on_a_home_without_logs_waits_for_input_and_exits_0(tmp_path):
