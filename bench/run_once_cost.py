@@ -135,10 +135,10 @@ def run_once_measured(home: Path, work: Path, label: str) -> dict:
 def copy_quiet(home: Path, to: Path, attempts: int = 5) -> bool:
     """Copy `home` to `to` while its stream is quiet: no micro-batch running or started during the
     copy (its checkpoints' offsets/ and commits/ unchanged), so tables and checkpoints agree.
-    The stream's pid marker is left out: the copy has no stream."""
+    The stream's writer lock is left out: the copy has no stream."""
     for _ in range(attempts):
         before = activity(home)
-        shutil.copytree(home, to, ignore=shutil.ignore_patterns("stream.pid"))
+        shutil.copytree(home, to, ignore=shutil.ignore_patterns("writer.lock"))
         if not before[0] and activity(home) == before:
             return True
         shutil.rmtree(to)

@@ -22,7 +22,7 @@ from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from pipelines.lake.registry import Lake
-from pipelines.operations.running import WriterLock, refuse_while_streaming, running_stream, stream_marker, writer_lock
+from pipelines.operations.running import STREAM, WriterLock, refuse_while_streaming, running_stream, writer_lock
 from pipelines.query import (
     QueryReport,
     RunningQuery,
@@ -298,23 +298,22 @@ def stream(spark: SparkSession, lake: Lake, settings: Settings = Settings(), sto
         raise ValueError(f"only={only!r}: expected 'tables' or 'rules'")
     home = lake.home.create()
     if only == "rules" and running_stream(home) == os.getppid():
-        # Started by `seclake stream`, which holds the home's stream marker and made the tables.
+        # Started by `seclake stream`, which holds the home's writer lock and made the tables.
         return _stream(spark, lake, settings, stop, on_report, report_every, tables=False, rules=True, child=True)
-    # Held until the streams stop; the rules' child process runs under it.
-    with writer_lock(home, "seclake stream"):
+    # Held until the streams stop; the rules' child process runs under it. Its holder's name makes
+    # `seclake rollback`/`maintain`/`retention` and Dagster's launches refuse with a stream's advice.
+    with writer_lock(home, STREAM):
         _reconcile_landing(lake)
         # Each stage streams from the tables of the one before it: on a fresh home they start empty.
         # Made here, before a rules application starts: two JVMs creating one table conflict.
         for name in lake.names():
             lake.ensure(spark, name, settings.checkpoint_interval)
-        # The marker makes `seclake rollback`/`maintain`/`retention` refuse while the streams run.
-        with stream_marker(home):
-            if only is not None:
-                return _stream(spark, lake, settings, stop, on_report, report_every,
-                               tables=only == "tables", rules=only == "rules")
-            with RulesApp(lake, settings, report_every) as rules_app:
-                return _stream(spark, lake, settings, stop, on_report, report_every, tables=True, rules=False,
-                               rules_app=rules_app)
+        if only is not None:
+            return _stream(spark, lake, settings, stop, on_report, report_every,
+                           tables=only == "tables", rules=only == "rules")
+        with RulesApp(lake, settings, report_every) as rules_app:
+            return _stream(spark, lake, settings, stop, on_report, report_every, tables=True, rules=False,
+                           rules_app=rules_app)
 
 
 # How long the rules' application has to stop after SIGTERM (a running micro-batch finishing) before SIGKILL.

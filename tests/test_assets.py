@@ -288,23 +288,23 @@ def test_dagster_ops_that_write_tables_refuse_while_a_stream_runs_on_the_home(tm
     from dagster import materialize
 
     from assets.rules import rules_asset
-    from pipelines.operations.running import marker_path
+    from pipelines.operations.running import STREAM, writer_lock
     from pipelines.rules.pack import load_rules
 
     home = Home.resolve(tmp_path / "home").create()
-    marker_path(home).write_text(f"{os.getpid()}\n")  # this process stands for a live `seclake stream`
     everything = stages.stages()
     writers = stages.table_stages(everything)
     enriched = next(wave for wave in stages.waves(everything) if wave[0].name.startswith("enriched"))
     ops = [tables.stage_asset(everything[0], everything[0].writes),
            tables.wave_asset(enriched, {s.name: stages.own_tables(s, writers) for s in enriched}),
            rules_asset(load_rules(REPO / "rules")[:1])]
-    for op in ops:
-        result = materialize([op], resources=resources(home.root), instance=DagsterInstance.ephemeral(),
-                             raise_on_error=False)
-        failure = events(result, "STEP_FAILURE")[0].event_specific_data.error.message
-        assert f"a seclake stream (pid {os.getpid()}) is running on {home.root}" in failure, failure
-        assert not events(result, "STEP_UP_FOR_RETRY")
+    with writer_lock(home, STREAM):  # this process stands for a live `seclake stream`
+        for op in ops:
+            result = materialize([op], resources=resources(home.root), instance=DagsterInstance.ephemeral(),
+                                 raise_on_error=False)
+            failure = events(result, "STEP_FAILURE")[0].event_specific_data.error.message
+            assert f"a seclake stream (pid {os.getpid()}) is running on {home.root}" in failure, failure
+            assert not events(result, "STEP_UP_FOR_RETRY")
     assert not (home.tables / "silver_dns").exists()
 
 

@@ -19,7 +19,7 @@ from pipelines.jobs import run_once
 from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
 from pipelines.operations.rollback import _history, _kept_batch, plan_rollback, rewind_checkpoint, rollback
-from pipelines.operations.running import marker_path, running_stream
+from pipelines.operations.running import LOCK, STREAM, running_stream, writer_lock
 from pipelines.settings import Settings
 from pipelines.stages import stages
 
@@ -180,13 +180,15 @@ def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():
 
 def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     lake = Lake(Home.resolve(tmp_path / "home").create())
-    marker_path(lake.home).write_text(f"{os.getpid()}\n")  # this process is alive
-    assert running_stream(lake.home) == os.getpid()
-    with pytest.raises(RuntimeError, match="stream .* is running"):
-        rollback(None, lake, "silver_dns", 0)
-    with pytest.raises(ValueError, match="does not exist"):  # a dry run only reads: it plans
-        rollback(None, lake, "silver_dns", 0, dry_run=True)
-    marker_path(lake.home).write_text("999999999\n")  # a stream killed without cleanup
+    with writer_lock(lake.home, STREAM):  # this process stands for a live `seclake stream`
+        assert running_stream(lake.home) == os.getpid()
+        with pytest.raises(RuntimeError, match="stream .* is running"):
+            rollback(None, lake, "silver_dns", 0)
+        with pytest.raises(ValueError, match="does not exist"):  # a dry run only reads: it plans
+            rollback(None, lake, "silver_dns", 0, dry_run=True)
+    assert running_stream(lake.home) is None
+    # What a stream killed without clean-up leaves: its line, the lock released by the kernel.
+    (lake.home.root / LOCK).write_text(f"{STREAM} (pid 999999999, since 03:00:01 UTC)")
     assert running_stream(lake.home) is None
     with pytest.raises(ValueError, match="unknown table"):
         plan_rollback(lake, "silver_nope", 0)
@@ -196,15 +198,10 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
 
 def test_run_once_refuses_while_a_stream_runs_on_the_home(spark, tmp_path):
     lake = Lake(Home.resolve(tmp_path / "home").create())
-    stream = subprocess.Popen(["sleep", "120"])  # a live process standing in for seclake stream
-    try:
-        marker_path(lake.home).write_text(f"{stream.pid}\n")
-        with pytest.raises(RuntimeError, match=f"pid {stream.pid}.*stop it before a run-once"):
+    with writer_lock(lake.home, STREAM):  # this process stands for a live `seclake stream`
+        with pytest.raises(RuntimeError, match=f"pid {os.getpid()}.*stop it before a run-once"):
             run_once(spark, lake, SETTINGS)
         assert not lake.exists("silver_dns")
-    finally:
-        stream.kill()
-        stream.wait()
     assert run_once(spark, lake, SETTINGS, only=["etl"])[0].error is None
 
 
@@ -242,15 +239,10 @@ def test_a_dagster_job_launched_from_a_shell_refuses_at_once_while_a_stream_runs
 
     home = Home.resolve(tmp_path / "home").create()
     monkeypatch.setenv("SECLAKE_HOME", str(home.root))
-    stream = subprocess.Popen(["sleep", "120"])  # a live process standing in for seclake stream
-    try:
-        marker_path(home).write_text(f"{stream.pid}\n")
+    with writer_lock(home, STREAM):  # this process stands for a live `seclake stream`
         assert launch(["maintenance_job"]) == 1
-    finally:
-        stream.kill()
-        stream.wait()
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"maintenance_job: a seclake stream (pid {stream.pid}) is running on {home.root}: "
+    assert err == [f"maintenance_job: a seclake stream (pid {os.getpid()}) is running on {home.root}: "
                    "stop it before a maintenance_job run"], err
     assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 

@@ -1,63 +1,53 @@
-"""Who writes a home: the `seclake stream` marker and the home's writer lock.
-
-Rollback, maintenance and retention rewrite tables and checkpoints the streams are using, so they
-refuse while the marker (a pid file in the home while the streams run) names a live process.
+"""Who writes a home: the home's writer lock, and whether its holder is `seclake stream`.
 
 Every command that writes a home's tables and checkpoints (run-once, stream, maintain, retention,
 and each op of a Dagster run that runs a stage's queries or rewrites tables) holds the home's
 writer lock while it does (`writer_lock`): two at once would run queries on the same checkpoints,
 so the second is refused in one line naming the first. An hourly `run-once` from cron that
 outlasts its hour is the usual way to get there.
+
+The lock file names its holder, so it also says when a stream runs (`running_stream`): rollback,
+maintenance, retention and Dagster's launches refuse then with the stream's own advice (stop it),
+a dry run still plans, and the stream's rules application knows the stream that started it.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 from pipelines.home import Home
 
-MARKER = "stream.pid"
-
-
-def marker_path(home: Home) -> Path:
-    """Where `seclake stream` records its pid: `<home>/stream.pid`."""
-    return home.root / MARKER
-
-
-@contextmanager
-def stream_marker(home: Home) -> Iterator[None]:
-    """Hold the marker while the block runs (the streams), removed on exit, even on an error."""
-    path = marker_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")
-    try:
-        yield
-    finally:
-        try:
-            if path.read_text().strip() == str(os.getpid()):  # not a later stream's marker
-                path.unlink()
-        except FileNotFoundError:
-            pass
+LOCK = "writer.lock"
+# The command `seclake stream` takes the lock as, which `running_stream` looks for.
+STREAM = "seclake stream"
 
 
 def running_stream(home: Home) -> int | None:
-    """The pid of a live `seclake stream` on `home`, or None (no marker, or its process is gone).
+    """The pid of a live `seclake stream` on `home`, or None: no lock, another holder, or a stream
+    killed without clean-up (`kill -9` releases the lock and leaves its holder's line; the pid is dead).
 
-    >>> running_stream(Home.resolve("/nonexistent-home")) is None
-    True
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     home = Home.resolve(tmp)
+    ...     with writer_lock(home, STREAM):
+    ...         during = running_stream(home)
+    ...     during == os.getpid(), running_stream(home)
+    (True, None)
     """
     try:
-        pid = int(marker_path(home).read_text().strip())
-    except (FileNotFoundError, ValueError):
+        holder = (home.root / LOCK).read_text(errors="replace")
+    except FileNotFoundError:
         return None
+    found = re.match(rf"{STREAM} \(pid (\d+)", holder)
+    if found is None:
+        return None
+    pid = int(found.group(1))
     try:
         os.kill(pid, 0)  # signal 0: only checks that the process exists
     except ProcessLookupError:
-        return None  # killed without cleanup (kill -9): a stale marker
+        return None
     except PermissionError:
         return pid  # exists, owned by another user
     return pid
@@ -68,9 +58,6 @@ def refuse_while_streaming(home: Home, command: str) -> None:
     pid = running_stream(home)
     if pid is not None:
         raise RuntimeError(f"a seclake stream (pid {pid}) is running on {home.root}: stop it before {command}")
-
-
-LOCK = "writer.lock"
 
 
 class HomeBusy(RuntimeError):
