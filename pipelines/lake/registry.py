@@ -10,6 +10,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.home import Home
 from pipelines.lake.jvm import jvm_class
+from pipelines.lake.log import open_log
 from pipelines.lake.read import read_in_range, read_table
 from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
 
@@ -170,6 +171,54 @@ class Lake:
     def read_in_range(self, spark: SparkSession, name: str, column: str, lo: datetime, hi: datetime) -> DataFrame:
         """`name`'s rows with `column` in [lo, hi], reading only the files that can hold them (`read.read_in_range`)."""
         return read_in_range(spark, self.path(name), column, lo, hi)
+
+
+class CatalogWatch:
+    """Keeps a long-lived session's catalog entries, columns included, equal to the home's tables as
+    they appear and change (`seclake serve`). A look asks each known table only whether its next
+    commit file exists: re-registering all 21 tables every 10 s cost an idle server 2.4 CPU seconds
+    a minute, against 0.2 without."""
+
+    def __init__(self, lake: Lake, spark: SparkSession) -> None:
+        self._lake = lake
+        self._spark = spark
+        self._versions: dict[str, int] = {}
+
+    def refresh(self) -> list[str]:
+        """Register the tables that appeared or committed since the last look; return their names.
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     lake = Lake(Home.resolve(tmp))
+        ...     watch = CatalogWatch(lake, spark)
+        ...     _ = lake.ensure(spark, "dhcp_clock")
+        ...     first, again = watch.refresh(), watch.refresh()
+        ...     spark.createDataFrame([], "extra string").write.format("delta").mode("append") \\
+        ...         .option("mergeSchema", "true").save(str(lake.path("dhcp_clock")))
+        ...     added = watch.refresh(), spark.catalog.listColumns("dhcp_clock")[-1].name
+        >>> first, again, added, watch.names()
+        (['dhcp_clock'], [], (['dhcp_clock'], 'extra'), ['dhcp_clock'])
+        """
+        changed = [name for name in self._lake.names() if self._moved(name)]
+        return self._lake.register(self._spark, changed, columns=True)
+
+    def names(self) -> list[str]:
+        """The tables registered so far."""
+        return list(self._versions)
+
+    def _moved(self, name: str) -> bool:
+        seen = self._versions.get(name)
+        if seen is None:
+            if not self._lake.exists(name):
+                return False
+            # Before registering: a commit after this read is found by the next look.
+            self._versions[name] = open_log(self._lake.path(name)).version()
+            return True
+        log, version = self._lake.path(name) / "_delta_log", seen
+        while (log / f"{version + 1:020d}.json").exists():
+            version += 1
+        self._versions[name] = version
+        return version != seen
 
 
 def _catalog_columns(spark: SparkSession, name: str) -> None:

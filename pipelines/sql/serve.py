@@ -22,7 +22,7 @@ SANDBOX_JAR = "seclake-sandbox.jar"  # in pipelines.spark.JARS_DIR, with the Del
 SANDBOX_EXTENSION = "seclake.sandbox.SqlSandbox"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 10000
-# Tables the pipeline creates after the server started are named within this many seconds.
+# Tables the pipeline creates after the server started, and columns it adds, are named within this many seconds.
 REGISTER_SECONDS = 10.0
 
 
@@ -71,6 +71,7 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     """
     from py4j.protocol import Py4JJavaError
 
+    from pipelines.lake.registry import CatalogWatch
     from pipelines.query import error_summary
     from pipelines.spark import JARS_DIR, get_spark
     from pipelines.sql.database import connect
@@ -85,7 +86,8 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     jvm.seclake.sandbox.SqlSandbox.trust(spark._jsparkSession)  # this session registers the tables
     # The Thrift server's Hive client starts Derby, which writes ./derby.log where the command runs.
     jvm.java.lang.System.setProperty("derby.stream.error.file", str(lake.home.root / "derby.log"))
-    lake.register(spark, columns=True)
+    watch = CatalogWatch(lake, spark)
+    watch.refresh()
     try:
         server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithSparkSession(
             spark._jsparkSession, False)  # False: a server error raises here instead of exiting the JVM
@@ -97,11 +99,11 @@ def serve(home: str | Path | None, host: str = DEFAULT_HOST, port: int = DEFAULT
     for sig in previous:
         signal.signal(sig, lambda *_: stop.set())
     try:
-        tables = lake.register(spark, columns=True)
-        print(f"seclake serve: {len(tables)} tables of {lake.home.root} at {jdbc_url(host, port)} "
+        watch.refresh()
+        print(f"seclake serve: {len(watch.names())} tables of {lake.home.root} at {jdbc_url(host, port)} "
               "(read-only; Ctrl-C stops)", file=out, flush=True)
         while not stop.wait(REGISTER_SECONDS):
-            lake.register(spark, columns=True)
+            watch.refresh()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
