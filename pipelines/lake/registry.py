@@ -176,8 +176,8 @@ class Lake:
 class CatalogWatch:
     """Keeps a long-lived session's catalog entries, columns included, equal to the home's tables as
     they appear and change (`seclake serve`). A look asks each known table only whether its next
-    commit file exists: re-registering all 21 tables every 10 s cost an idle server 2.4 CPU seconds
-    a minute, against 0.2 without."""
+    commit file exists: re-registering all 21 tables every 10 s cost an idle server 2.6 CPU seconds
+    a minute, against 0.2 with these looks."""
 
     def __init__(self, lake: Lake, spark: SparkSession) -> None:
         self._lake = lake
