@@ -283,6 +283,35 @@ def _wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float)
     return None
 
 
+def wait_for_commit(home: Home, before: dict[str, int], proc: subprocess.Popen, timeout: float = 240,
+                    poll_s: float = 0.3) -> float:
+    """Poll until a table of `before` (its name -> its commit files then) has a commit more, `proc`
+    exits or `timeout` passes; the seconds waited. A lake on object storage too."""
+    started = time.monotonic()
+    while (time.monotonic() - started < timeout and proc.poll() is None
+           and all(commit_files(home.table(t)) <= n for t, n in before.items())):
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+def wait_to_kill(mode: str, proc: subprocess.Popen, log: Path, home: Home, before: dict[str, int],
+                 rng: random.Random, *, up_line: str, after_up_s: tuple[float, float]) -> None:
+    """Wait for the moment `mode` names to SIGKILL a `seclake stream` just started: "from start",
+    5-20 s after the launch (JVM start, queries resuming); else once `up_line` is in its `log`:
+    "after Spark up", `after_up_s` seconds later, or any other mode 0-3 s after a commit of one of
+    `before`'s tables (so every cycle of kills makes progress)."""
+    if mode == "from start":
+        time.sleep(rng.uniform(5, 20))
+        return
+    up = _wait_for_line(log, up_line, proc, timeout=300)
+    assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
+    if mode == "after Spark up":
+        time.sleep(rng.uniform(*after_up_s))
+        return
+    wait_for_commit(home, before, proc)
+    time.sleep(rng.uniform(0, 3))
+
+
 # ---- malformed input ---------------------------------------------------------------------------
 
 HUGE = 5 * 1024 * 1024

@@ -436,13 +436,14 @@ def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing
     from pipelines import etl
     from test_faults import (
         KILL_WATERMARKS,
-        _wait_for_line,
         assert_nothing_late,
         commit_files,
         compare_with_reference,
         duplicates,
         row_keys,
         tables_in,
+        wait_for_commit,
+        wait_to_kill,
     )
 
     gen, manifest = small_input
@@ -468,32 +469,18 @@ def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing
                                     start_new_session=True)
         try:
             feed.next(1)
-            if mode == "from start":
-                time.sleep(rng.uniform(5, 20))
-            else:
-                up = _wait_for_line(log, "seclake stream --only tables: home", proc, timeout=300)
-                assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
-                if mode == "after Spark up":
-                    time.sleep(rng.uniform(2, 12))
-                else:
-                    deadline = time.monotonic() + 240
-                    while (proc.poll() is None and time.monotonic() < deadline
-                           and all(commit_files(home.table(t)) <= n for t, n in before.items())):
-                        time.sleep(0.3)
-                    time.sleep(rng.uniform(0, 3))
-                if mode == "broker":
-                    os.kill(broker.pid(), signal.SIGKILL)
-                    time.sleep(rng.uniform(1, 5))
-                    broker.start()
-                    feed.next(1)
-                    # The stream reconnects by itself: a further ETL commit from the topics.
-                    after = {t: commit_files(home.table(t)) for t in etl.etl_tables()}
-                    deadline = time.monotonic() + 240
-                    while (proc.poll() is None and time.monotonic() < deadline
-                           and all(commit_files(home.table(t)) <= n for t, n in after.items())):
-                        time.sleep(0.3)
-                    assert any(commit_files(home.table(t)) > n for t, n in after.items()), \
-                        f"no ETL commit after the broker came back:\n{log.read_text(errors='replace')[-3000:]}"
+            wait_to_kill(mode, proc, log, home, before, rng, up_line="seclake stream --only tables: home",
+                         after_up_s=(2, 12))
+            if mode == "broker":
+                os.kill(broker.pid(), signal.SIGKILL)
+                time.sleep(rng.uniform(1, 5))
+                broker.start()
+                feed.next(1)
+                # The stream reconnects by itself: a further ETL commit from the topics.
+                after = {t: commit_files(home.table(t)) for t in etl.etl_tables()}
+                wait_for_commit(home, after, proc)
+                assert any(commit_files(home.table(t)) > n for t, n in after.items()), \
+                    f"no ETL commit after the broker came back:\n{log.read_text(errors='replace')[-3000:]}"
             assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
@@ -26,7 +25,6 @@ from test_faults import (
     KILL_WATERMARKS,
     REPO,
     Deliverer,
-    _wait_for_line,
     assert_nothing_late,
     commit_files,
     compare_with_reference,
@@ -36,6 +34,7 @@ from test_faults import (
     row_keys,
     seclake,
     tables_in,
+    wait_to_kill,
 )
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(1800)]
@@ -145,19 +144,7 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
         stop = threading.Event()
         thread = feed.during(stop, [rng.uniform(0.5, 6) for _ in range(2)])
         try:
-            if mode == "from start":
-                time.sleep(rng.uniform(5, 20))
-            else:
-                up = _wait_for_line(log, "seclake stream: home", proc, timeout=300)
-                assert up is not None, f"seclake stream did not come up:\n{log.read_text(errors='replace')[-3000:]}"
-                if mode == "after Spark up":
-                    time.sleep(rng.uniform(2, 15))
-                else:
-                    deadline = time.monotonic() + 240
-                    while (proc.poll() is None and time.monotonic() < deadline
-                           and all(commit_files(home.table(t)) <= n for t, n in before.items())):
-                        time.sleep(0.3)
-                    time.sleep(rng.uniform(0, 3))
+            wait_to_kill(mode, proc, log, home, before, rng, up_line="seclake stream: home", after_up_s=(2, 15))
             assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -48,6 +48,7 @@ from test_faults import (
     seclake,
     tables_in,
     version,
+    wait_for_commit,
 )
 
 pytestmark = [pytest.mark.faults]
@@ -127,18 +128,6 @@ def _commits(home: Home) -> dict[str, int]:
     return {t.name: commit_files(Path(t.path)) for t in os.scandir(home.tables) if t.is_dir()}
 
 
-def _wait_for_commit(home: Home, before: dict[str, int], proc: subprocess.Popen, timeout: float,
-                     tables: tuple[str, ...]) -> float:
-    """Poll until one of `tables` has a commit it did not have in `before`; the seconds waited."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout and proc.poll() is None:
-        now = _commits(home)
-        if any(now.get(t, 0) > before.get(t, 0) for t in tables):
-            break
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 # 4 stream start-ups (each kill point of the cycle once) and a drain; the reference is the session's
 # `local_reference` (tests/conftest.py), which the Kafka SIGKILL test after this one on CI's worker
 # compares with too. With 20 start-ups the test took 18-39 min in CI. Every kill waits for an
@@ -198,8 +187,8 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
                     extra = rng.uniform(0, 3)
                     # An ETL commit: the attribution catching up commits first, and a kill then
                     # would leave the ETL's batch to replay again.
-                    delay = _wait_for_commit(home, commits_before, proc, timeout=240,
-                                             tables=tuple(etl.etl_tables())) + extra
+                    etl_before = {t: commits_before.get(t, 0) for t in etl.etl_tables()}
+                    delay = wait_for_commit(home, etl_before, proc, poll_s=0.05) + extra
                     time.sleep(extra)
                 else:
                     delay = _wait_for_sink_step(home, known_files, nth_file, proc, timeout=180)
