@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.home import Home
 
     deadline = time.monotonic() + 600
-    checkpoints = {name: Home.resolve(home).checkpoint(folder) for name, folder in
+    stream_home = Home.resolve(home)
+    checkpoints = {name: stream_home.checkpoint(folder) for name, folder in
                    [(ETL, ETL), *((f"rule_{r['slug']}", r["checkpoint"]) for r in rules.values())]}
 
     def not_up() -> set[str]:

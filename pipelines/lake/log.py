@@ -95,6 +95,23 @@ def quiet_since(path: str | os.PathLike, version: int) -> bool:
                    for v in range(version + 1, open_log(path).version() + 1))
 
 
+def newer_version(path: str | os.PathLike, version: int) -> int:
+    """The table's newest version, found from `version` by looking for each next commit file alone:
+    a poll's cost stays one look per table however long its log (`CatalogWatch`).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     for _ in range(3):
+    ...         spark.range(3, numPartitions=1).write.format("delta").mode("append").save(tmp)
+    ...     newer_version(tmp, 0), newer_version(tmp, 2)
+    (2, 2)
+    """
+    log = as_path(path) / "_delta_log"
+    while (log / f"{version + 1:020d}.json").exists():
+        version += 1
+    return version
+
+
 def newest_in_stats(path: str | os.PathLike, column: str) -> datetime | None:
     """The newest value of the timestamp `column` among the table's rows, from its files' statistics
     in the log (no data file is read; the cost grows with files, not rows). None when no file holds

@@ -10,7 +10,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.home import Home
 from pipelines.lake.jvm import jvm_class
-from pipelines.lake.log import open_log
+from pipelines.lake.log import newer_version, open_log
 from pipelines.lake.read import read_in_range, read_table
 from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
 
@@ -214,11 +214,8 @@ class CatalogWatch:
             # Before registering: a commit after this read is found by the next look.
             self._versions[name] = open_log(self._lake.path(name)).version()
             return True
-        log, version = self._lake.path(name) / "_delta_log", seen
-        while (log / f"{version + 1:020d}.json").exists():
-            version += 1
-        self._versions[name] = version
-        return version != seen
+        self._versions[name] = newer_version(self._lake.path(name), seen)
+        return self._versions[name] != seen
 
 
 def _catalog_columns(spark: SparkSession, name: str) -> None:

@@ -40,7 +40,7 @@ def running_stream(home: Home) -> int | None:
         holder = (home.root / LOCK).read_text(errors="replace")
     except FileNotFoundError:
         return None
-    found = re.match(rf"{STREAM} \(pid (\d+)", holder)
+    found = re.match(rf"{re.escape(STREAM)} \(pid (\d+),", holder)  # the line `writer_lock` writes
     if found is None:
         return None
     pid = int(found.group(1))
