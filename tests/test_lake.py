@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -29,8 +30,10 @@ from pyspark.sql.types import (
 )
 
 from conftest import spark_jobs
+from pipelines.home import Home
 from pipelines.lake.log import commits, newest_in_stats, summary
 from pipelines.lake.read import is_table, read_in_range, read_table
+from pipelines.lake.registry import CatalogWatch, Lake
 from pipelines.lake.schema import SchemaMismatchError
 from pipelines.lake.sink import DeltaSink, create_empty, table_uri
 
@@ -552,3 +555,22 @@ def test_tables_of_an_old_home_written_by_delta_rs_stay_readable_and_writable(sp
     assert sink.write_batch(new, 0).skipped
     assert sorted(r.event_id for r in read_table(spark, tmp_path / "t").collect()) == ["a", "b", "c"]
     assert read_table(spark, tmp_path / "t", version=0).count() == 2
+
+
+def test_the_catalog_watch_follows_a_table_deleted_and_made_again_with_fewer_commits(spark, tmp_path):
+    # `seclake serve`'s watch looks for each table's next commit file: a table made again at
+    # version 0 has none past the version seen, so without a look at that version's own file the
+    # catalog would keep the old table's columns.
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    watch = CatalogWatch(lake, spark)
+    lake.ensure(spark, "dhcp_clock")
+    for _ in range(2):
+        spark.createDataFrame([], "extra string").write.format("delta").mode("append") \
+            .option("mergeSchema", "true").save(str(lake.path("dhcp_clock")))
+    assert watch.refresh() == ["dhcp_clock"]
+    assert spark.catalog.listColumns("dhcp_clock")[-1].name == "extra"
+    shutil.rmtree(lake.path("dhcp_clock"))
+    assert watch.refresh() == []  # gone: nothing to register
+    lake.ensure(spark, "dhcp_clock")
+    assert watch.refresh() == ["dhcp_clock"]
+    assert "extra" not in [c.name for c in spark.catalog.listColumns("dhcp_clock")]

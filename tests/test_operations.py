@@ -190,6 +190,9 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     # What a stream killed without clean-up leaves: its line, the lock released by the kernel.
     (lake.home.root / LOCK).write_text(f"{STREAM} (pid 999999999, since 03:00:01 UTC)")
     assert running_stream(lake.home) is None
+    # ... and after it the kernel may give its pid to another live process: still no stream.
+    (lake.home.root / LOCK).write_text(f"{STREAM} (pid {os.getpid()}, since 03:00:01 UTC)")
+    assert running_stream(lake.home) is None
     with pytest.raises(ValueError, match="unknown table"):
         plan_rollback(lake, "silver_nope", 0)
     with pytest.raises(ValueError, match="does not exist"):

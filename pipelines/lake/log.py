@@ -95,18 +95,21 @@ def quiet_since(path: str | os.PathLike, version: int) -> bool:
                    for v in range(version + 1, open_log(path).version() + 1))
 
 
-def newer_version(path: str | os.PathLike, version: int) -> int:
+def newer_version(path: str | os.PathLike, version: int) -> int | None:
     """The table's newest version, found from `version` by looking for each next commit file alone:
-    a poll's cost stays one look per table however long its log (`CatalogWatch`).
+    a poll's cost stays one look per table however long its log (`CatalogWatch`). None when
+    `version`'s own commit file is gone: the table was deleted, and perhaps made again.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     for _ in range(3):
     ...         spark.range(3, numPartitions=1).write.format("delta").mode("append").save(tmp)
-    ...     newer_version(tmp, 0), newer_version(tmp, 2)
-    (2, 2)
+    ...     newer_version(tmp, 0), newer_version(tmp, 2), newer_version(tmp, 5)
+    (2, 2, None)
     """
     log = as_path(path) / "_delta_log"
+    if not (log / f"{version:020d}.json").exists():
+        return None
     while (log / f"{version + 1:020d}.json").exists():
         version += 1
     return version

@@ -214,8 +214,12 @@ class CatalogWatch:
             # Before registering: a commit after this read is found by the next look.
             self._versions[name] = open_log(self._lake.path(name)).version()
             return True
-        self._versions[name] = newer_version(self._lake.path(name), seen)
-        return self._versions[name] != seen
+        newer = newer_version(self._lake.path(name), seen)
+        if newer is None:  # deleted, perhaps made again with fewer commits: look at it afresh
+            del self._versions[name]
+            return self._moved(name)
+        self._versions[name] = newer
+        return newer != seen
 
 
 def _catalog_columns(spark: SparkSession, name: str) -> None:

@@ -16,6 +16,7 @@ import fcntl
 import os
 import re
 import time
+from pathlib import Path
 
 from pipelines.home import Home
 
@@ -26,7 +27,7 @@ STREAM = "seclake stream"
 
 def running_stream(home: Home) -> int | None:
     """The pid of a live `seclake stream` on `home`, or None: no lock, another holder, or a stream
-    killed without clean-up (`kill -9` releases the lock and leaves its holder's line; the pid is dead).
+    killed without clean-up (`kill -9` releases the lock and leaves its holder's line).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -44,13 +45,31 @@ def running_stream(home: Home) -> int | None:
     if found is None:
         return None
     pid = int(found.group(1))
-    try:
+    held = _holds_lock(pid, home.root / LOCK)
+    if held is not None:
+        return pid if held else None
+    try:  # no lock table to read (not Linux): the pid alone, which the kernel may have reused
         os.kill(pid, 0)  # signal 0: only checks that the process exists
     except ProcessLookupError:
         return None
     except PermissionError:
         return pid  # exists, owned by another user
     return pid
+
+
+def _holds_lock(pid: int, path: Path) -> bool | None:
+    """Whether process `pid` holds the flock on `path`, from the kernel's lock table; None where
+    there is none to read. A live pid is not enough: after a `kill -9` the kernel may give the dead
+    stream's pid to another process, which would then read as the stream."""
+    try:
+        table = Path("/proc/locks").read_text()
+        stat = path.stat()
+    except OSError:
+        return None
+    lock = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    # A line: "1: FLOCK  ADVISORY  WRITE 4541 fe:00:9980402 0 EOF" (waiters' lines hold "->").
+    return any(line.split()[1:2] == ["FLOCK"] and line.split()[4:6] == [str(pid), lock]
+               for line in table.splitlines())
 
 
 def refuse_while_streaming(home: Home, command: str) -> None:
