@@ -152,6 +152,23 @@ def duplicates(keys: collections.Counter) -> list:
     return [k for k, n in keys.items() if n > 1]
 
 
+def assert_no_duplicates(home: Home, when: str) -> None:
+    """No table of `home` shows a row twice (by its key, `row_keys`); `when` names the moment."""
+    for name in tables_in(home):
+        dups = duplicates(row_keys(home.table(name), name))
+        assert not dups, f"{when}: {name} has duplicated rows {dups[:3]}"
+
+
+def kill_group(proc: subprocess.Popen, log: Path | None = None) -> None:
+    """SIGKILL `proc`'s process group (a `seclake stream`: the Python driver and its JVM) unless it
+    has ended. With `log`, the kill is the test's fault: the stream must still be running then."""
+    if log is not None:
+        assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def table_files(path: Path) -> set[str]:
     """The Parquet data files on disk in a table folder (its partition folders, or the folder
     itself when unpartitioned), relative to it; not the log's checkpoints, not hidden files."""
@@ -971,9 +988,7 @@ class TestBadRulesInAStream:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-3000:]
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            kill_group(proc)
         text = log.read_text(errors="replace")
         assert "the rules application stopped" in text and "heap_bomb" in text, text[-3000:]
         drained = subprocess.run(seclake("run-once", "--home", str(home.root), *BAD_RULE_SETTINGS),

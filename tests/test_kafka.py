@@ -226,6 +226,8 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
     import random
     import signal
 
+    from test_faults import kill_group
+
     rng = random.Random(11)
     sensor = Sensor(tmp_path / "sensor", seed=11)
     cmd = [sys.executable, "-m", "pipelines.cli", "ship", str(sensor.folder), "--kafka", broker.bootstrap,
@@ -244,8 +246,7 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
                 if rng.random() < 0.15:
                     sensor.rotate(rng.choice(("dns.log", "conn.log", "eve.json")))
                 time.sleep(0.05)
-            os.killpg(proc.pid, signal.SIGKILL)  # at whatever point it is: reading, sending, flushing
-            proc.wait()
+            kill_group(proc)  # at whatever point it is: reading, sending, flushing
             # While it is down the sensor goes on, and sometimes rotates a file it had open.
             sensor.write(rng.randint(20, 80))
             if round_ % 2 == 0:
@@ -258,9 +259,7 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0 and b"stopped" in out, out[-2000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert sensor.rotations >= 3
     for topic, lines in sensor.written.items():
         got = consume_with_headers(broker.bootstrap, topic, total[topic])
@@ -436,12 +435,12 @@ def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing
     from pipelines import etl
     from test_faults import (
         KILL_WATERMARKS,
+        assert_no_duplicates,
         assert_nothing_late,
         commit_files,
         compare_with_reference,
-        duplicates,
+        kill_group,
         row_keys,
-        tables_in,
         wait_for_commit,
         wait_to_kill,
     )
@@ -481,16 +480,10 @@ def test_sigkill_of_the_kafka_etl_and_of_the_broker_loses_and_duplicates_nothing
                 wait_for_commit(home, after, proc)
                 assert any(commit_files(home.table(t)) > n for t, n in after.items()), \
                     f"no ETL commit after the broker came back:\n{log.read_text(errors='replace')[-3000:]}"
-            assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc, log)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for name in tables_in(home):
-            dups = duplicates(row_keys(home.table(name), name))
-            assert not dups, f"restart {restart} ({mode}): {name} has duplicated rows {dups[:3]}"
+            kill_group(proc)
+        assert_no_duplicates(home, f"restart {restart} ({mode})")
         kills.append((mode, sum(commit_files(home.table(t)) - n for t, n in before.items())))
     assert sum(n for _, n in kills) >= 3, f"too few ETL commits during the kill phase: {kills}"
     feed.next(len(feed.files))

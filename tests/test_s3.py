@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
 import threading
 import uuid
@@ -25,15 +24,15 @@ from test_faults import (
     KILL_WATERMARKS,
     REPO,
     Deliverer,
+    assert_no_duplicates,
     assert_nothing_late,
     commit_files,
     compare_with_reference,
-    duplicates,
+    kill_group,
     landing_files,
     read_columns,
     row_keys,
     seclake,
-    tables_in,
     wait_to_kill,
 )
 
@@ -145,18 +144,12 @@ def test_sigkill_with_the_lake_on_s3_loses_and_duplicates_nothing(on_server, sma
         thread = feed.during(stop, [rng.uniform(0.5, 6) for _ in range(2)])
         try:
             wait_to_kill(mode, proc, log, home, before, rng, up_line="seclake stream: home", after_up_s=(2, 15))
-            assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc, log)
         finally:
             stop.set()
             thread.join()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for name in tables_in(home):
-            dups = duplicates(row_keys(home.table(name), name))
-            assert not dups, f"restart {restart} ({mode}): {name} has duplicated rows {dups[:3]}"
+            kill_group(proc)
+        assert_no_duplicates(home, f"restart {restart} ({mode})")
         kills.append((mode, sum(commit_files(home.table(t)) - n for t, n in before.items())))
     assert sum(n for _, n in kills) >= 1, f"no ETL commit during the kill phase: {kills}"
     feed.deliver_next(len(feed.files))

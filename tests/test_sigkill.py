@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -36,11 +35,12 @@ from test_faults import (
     SEED,
     Deliverer,
     _wait_for_line,
+    assert_no_duplicates,
     assert_nothing_late,
     commit_files,
     compare_with_reference,
     complete,
-    duplicates,
+    kill_group,
     landing_files,
     leftovers,
     referenced,
@@ -192,15 +192,11 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
                     time.sleep(extra)
                 else:
                     delay = _wait_for_sink_step(home, known_files, nth_file, proc, timeout=180)
-            assert proc.poll() is None, f"seclake stream exited by itself:\n{log.read_text(errors='replace')[-3000:]}"
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: Python driver and JVM
-            proc.wait()
+            kill_group(proc, log)
         finally:
             stop.set()
             thread.join()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            kill_group(proc)
         # What did this kill leave behind? New Parquet files that no commit references: the kill
         # landed after (some of) a batch's Parquet files were written and before its commit. If
         # one of them is incomplete (no footer), a task was still writing: "during the write";
@@ -221,9 +217,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
                     where.append(f"{name}: {len(new)} file(s) written, not committed")
             seen_orphans[name] |= new
         # No duplicate may ever be visible, not even between restarts.
-        for name in tables_in(home):
-            dups = duplicates(row_keys(home.table(name), name))
-            assert not dups, f"restart {restart}: {name} has duplicated rows {dups[:3]}"
+        assert_no_duplicates(home, f"restart {restart}")
         commits_after = _commits(home)
         kills.append({"restart": restart, "mode": mode, "delay_s": round(delay, 2),
                       "commits": sum(n - commits_before.get(t, 0) for t, n in commits_after.items()),
