@@ -1,9 +1,9 @@
 """SIGKILL at random points while files keep arriving: `seclake stream` killed again and again,
 then drained, must hold exactly the rows of a clean run (tests/test_faults.py's helpers and checks).
 
-Part of the fault suite (`pytest -m faults`). In a file of its own so that CI's fault suite
-(`--dist loadfile`, .ci/run) runs it on one worker, followed there by tests/test_kafka.py's
-SIGKILL test, while the other worker runs tests/test_faults.py (bad rules, bad input).
+Part of the fault suite (`pytest -m faults`). In a file of its own so that CI (`--dist loadscope`,
+.ci/run) runs it on one worker, first (tests/conftest.py, LONGEST_FIRST), while the other worker
+runs the other long scopes.
 
 Knobs (environment): SECLAKE_FAULT_RESTARTS (default 4, each kill point once) and SECLAKE_FAULT_SEED.
 The input has 12 files and each run gets one or two: past 5 restarts they can run out, and a kill
