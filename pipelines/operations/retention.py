@@ -1,7 +1,8 @@
 """`seclake retention`: delete what is older than each layer's retention (`pipelines/settings.py`).
 
 Tables: Delta `DELETE WHERE event_date < cutoff` (files go at the next VACUUM, after its own
-retention). Landing files: removed when their modification time is before the cutoff *and* a
+retention); quarantine, whose lines never became events, by the time they were read
+(`ingest_time`). Landing files: removed when their modification time is before the cutoff *and* a
 batch the ETL committed read them (`etl.processed_files`), so nothing unprocessed goes.
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pipelines.settings import Settings
 
 LAYER_SETTING = {"bronze": "retention_bronze_days", "silver": "retention_silver_days",
                  "enriched": "retention_enriched_days", "gold": "retention_gold_days"}
+# The column a table ages by, the first it has: its events' day, else (quarantine) when its lines
+# were read. A table with neither (late_events, the state tables) is kept.
+AGE_COLUMNS = ("event_date", "ingest_time")
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,13 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
     for name in (n for n in lake.names() if lake.exists(n)):
         spec = lake.spec(name)
         cutoff = _cutoff(getattr(settings, LAYER_SETTING[spec.layer]), today)
-        if cutoff is None or "event_date" not in spec.schema.fieldNames():
+        column = next((c for c in AGE_COLUMNS if c in spec.schema.fieldNames()), None)
+        if cutoff is None or column is None:
             steps.append(RetentionStep(name, None, 0, "rows", "no retention" if cutoff is None else "no event_date"))
             continue
         if spark is None:
             raise ValueError("retention of tables needs a SparkSession")
-        condition = f"event_date < DATE'{cutoff.isoformat()}'"
+        condition = f"{column} < DATE'{cutoff.isoformat()}'"
         old = lake.read(spark, name).where(condition).count()
         if old and not dry_run:
             from pipelines.lake.admin import delete_where
