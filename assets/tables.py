@@ -34,7 +34,8 @@ from pipelines.stages import StageError, own_tables, parts, run_unless_idle, sha
 LAKE_POOL = "seclake_lake"
 
 # Transient failures (a Delta commit conflict, a Python worker that timed out under load)
-# are retried after 5 s, 10 s, 20 s; a schema error raises Failure(allow_retries=False).
+# are retried after about 5 s, 15 s, 35 s ((2^n - 1) x 5 s, give or take 5 s); a schema error
+# raises Failure(allow_retries=False).
 RETRY_POLICY = RetryPolicy(max_retries=3, delay=5, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 
 KINDS = {"spark", "delta"}

@@ -365,15 +365,17 @@ def analysis_error(spark: SparkSession, rule: Rule, exc: BaseException) -> str:
 
 def logic_changed(checkpoint: Path, rule: Rule) -> str | None:
     """Why `rule` may not take its version's checkpoint (None when it may): the checkpoint was made
-    by other SQL, window or keys under the same version and planned a batch with them. Told from
-    files (no JVM): `rules status`, run-once's look for work, and the rule's start ask it.
+    by other SQL, event time, watermark, window, keys or emit under the same version and planned a
+    batch with them. Told from files (no JVM): `rules status`, run-once's look for work, and the
+    rule's start ask it.
     """
     marker = checkpoint / CHECKPOINT_MARKER
     if not marker.is_file() or json.loads(marker.read_text()).get("logic_hash") == rule.logic_hash:
         return None
     if newest(checkpoint) is None:
         return None  # nothing was written under it: an edit that failed to start and its fix share the version
-    return (f"rule {rule.slug} v{rule.version}: its SQL, window or keys changed since {checkpoint} was made; "
+    return (f"rule {rule.slug} v{rule.version}: its SQL, event time, watermark, window, keys or emit changed "
+            f"since {checkpoint} was made; "
             "bump `version` (a new version gets a new checkpoint)")
 
 
