@@ -172,10 +172,6 @@ class StageError(RuntimeError):
         return (self.python_error or "").rsplit(".", 1)[-1]
 
     @property
-    def is_schema_error(self) -> bool:
-        return self.error_class == "SchemaMismatchError"
-
-    @property
     def retriable(self) -> bool:
         """False for errors a retry cannot fix: a schema mismatch, an invalid rule, bad SQL.
 

@@ -37,7 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from .mess import apply_mess
-from .org import Org, build_org, devices_csv
+from .org import DHCP_SERVER, Org, build_org, devices_csv
 from .scenarios import SCENARIOS, Incident, emit_scenarios, plan_scenarios
 from .sensors import EVE_KINDS, ZEEK_KINDS, Sink, iso, zeek_footer, zeek_header, zeek_stamp
 from .timeline import Plan, plan_presence, simulate_dhcp
@@ -442,7 +442,7 @@ def _window(out: Path, org: Org, seed: int, window: int, S: int, E: int, zeek_js
     for tx in plan.dhcp:
         if tx.ts < S or tx.ts >= E:
             continue
-        uids, fids = main.dhcp(tx.ts, tx.kind, tx.mac, gw[tx.subnet], "10.0.0.1", ip=tx.ip,
+        uids, fids = main.dhcp(tx.ts, tx.kind, tx.mac, gw[tx.subnet], DHCP_SERVER, ip=tx.ip,
                                hostname=tx.hostname, fqdn=tx.fqdn, domain=org.zone, lease_time=tx.lease_time,
                                duration=tx.duration)
         ids = uids + [str(f) for f in fids]

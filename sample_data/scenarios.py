@@ -40,7 +40,6 @@ EXFIL_LABELS = (50, 63)        # two data labels per name, base32, lengths in th
 TUNNEL_INTERVAL = 5 * US       # one TXT/NULL query every 5 s +- 1 s
 TUNNEL_WINDOW = 20 * MIN
 TUNNEL_LABEL = (56, 63)        # first label: hex, length in this range; second label 20-40
-DGA_BURSTS = 3
 DGA_PER_BURST = 45             # queries per burst, all NXDOMAIN except one in the last burst
 DGA_BURST_LEN = 60 * US
 SCAN_HOSTS = 20
