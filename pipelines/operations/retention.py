@@ -72,7 +72,8 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
         cutoff = _cutoff(getattr(settings, LAYER_SETTING[spec.layer]), today)
         column = next((c for c in AGE_COLUMNS if c in spec.schema.fieldNames()), None)
         if cutoff is None or column is None:
-            steps.append(RetentionStep(name, None, 0, "rows", "no retention" if cutoff is None else "no event_date"))
+            steps.append(RetentionStep(name, None, 0, "rows", "no retention" if cutoff is None
+                                       else "no event_date or ingest_time"))
             continue
         if spark is None:
             raise ValueError("retention of tables needs a SparkSession")
