@@ -557,7 +557,7 @@ def test_tables_of_an_old_home_written_by_delta_rs_stay_readable_and_writable(sp
     assert read_table(spark, tmp_path / "t", version=0).count() == 2
 
 
-def test_the_catalog_watch_follows_a_table_deleted_and_made_again_with_fewer_commits(spark, tmp_path):
+def test_the_catalog_watch_forgets_a_deleted_table_and_follows_one_made_again_with_fewer_commits(spark, tmp_path):
     # `seclake serve`'s watch looks for each table's next commit file: a table made again at
     # version 0 has none past the version seen, so without a look at that version's own file the
     # catalog would keep the old table's columns.
@@ -570,7 +570,8 @@ def test_the_catalog_watch_follows_a_table_deleted_and_made_again_with_fewer_com
     assert watch.refresh() == ["dhcp_clock"]
     assert spark.catalog.listColumns("dhcp_clock")[-1].name == "extra"
     shutil.rmtree(lake.path("dhcp_clock"))
-    assert watch.refresh() == []  # gone: nothing to register
+    assert watch.refresh() == []  # gone: nothing to register, and its name forgotten
+    assert not spark.catalog.tableExists("dhcp_clock") and watch.names() == []
     lake.ensure(spark, "dhcp_clock")
     assert watch.refresh() == ["dhcp_clock"]
     assert "extra" not in [c.name for c in spark.catalog.listColumns("dhcp_clock")]

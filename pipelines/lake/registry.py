@@ -159,6 +159,12 @@ class Lake:
             done.append(name)
         return done
 
+    def unregister(self, spark: SparkSession, name: str) -> None:
+        """Forget `name` in `spark`'s catalog (its table was deleted); the files, if any, stay."""
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+        _REGISTERED.pop(name, None)
+        _COLUMNS.pop(name, None)
+
     def sink(self, name: str, *, app_id: str | None = None) -> DeltaSink:
         """The exactly-once sink for `name`; the app_id defaults to the table name (one writer per table)."""
         spec = self.spec(name)
@@ -217,6 +223,9 @@ class CatalogWatch:
         newer = newer_version(self._lake.path(name), seen)
         if newer is None:  # deleted, perhaps made again with fewer commits: look at it afresh
             del self._versions[name]
+            if not self._lake.exists(name):
+                self._lake.unregister(self._spark, name)  # a client's listing would name a table that fails
+                return False
             return self._moved(name)
         self._versions[name] = newer
         return newer != seen
