@@ -274,24 +274,24 @@ def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_p
         rewind_checkpoint(ck, 2)
 
 
-def test_retention_ages_quarantine_by_when_its_lines_were_read(spark, tmp_path):
-    # A quarantined line never became an event: no event_date, so it ages by its ingest_time.
+@pytest.mark.parametrize(("table", "column", "days"), [("quarantine", "ingest_time", "retention_bronze_days"),
+                                                      ("late_events", "recorded_at", "retention_enriched_days")])
+def test_retention_ages_a_table_without_event_date_by_its_own_time(spark, tmp_path, table, column, days):
+    # A quarantined line never became an event, a late_events row records a batch: no event_date.
     from pipelines.operations.retention import apply_retention
-    from pipelines.schemas import QUARANTINE_SCHEMA
 
     lake = Lake(Home.resolve(tmp_path / "home").create())
-    lake.ensure(spark, "quarantine")
-    row = {name: None for name in QUARANTINE_SCHEMA.fieldNames()}
-    rows = [{**row, "reason": "unparseable", "ingest_time": datetime(2026, month, day)}
-            for month, day in ((1, 1), (2, 15))]
-    spark.createDataFrame(rows, QUARANTINE_SCHEMA).write.format("delta").mode("append") \
-        .save(str(lake.path("quarantine")))
-    settings, today = Settings(retention_bronze_days=30), date(2026, 3, 1)  # cutoff 2026-01-30
+    lake.ensure(spark, table)
+    schema = lake.spec(table).schema
+    row = {name: None for name in schema.fieldNames()}
+    rows = [{**row, column: datetime(2026, month, day)} for month, day in ((1, 1), (2, 15))]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path(table)))
+    settings, today = Settings(**{days: 30}), date(2026, 3, 1)  # cutoff 2026-01-30
     dry = {s.target: s for s in apply_retention(spark, lake, settings, dry_run=True, today=today)}
-    assert dry["quarantine"].removed == 1 and lake.read(spark, "quarantine").count() == 2
+    assert dry[table].removed == 1 and lake.read(spark, table).count() == 2
     done = {s.target: s for s in apply_retention(spark, lake, settings, today=today)}
-    assert done["quarantine"].removed == 1
-    assert [r.ingest_time.month for r in lake.read(spark, "quarantine").collect()] == [2]
+    assert done[table].removed == 1
+    assert [r[column].month for r in lake.read(spark, table).collect()] == [2]
 
 
 def test_retention_dry_run_counts_and_keeps(spark, tmp_path):

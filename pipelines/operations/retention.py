@@ -2,8 +2,9 @@
 
 Tables: Delta `DELETE WHERE event_date < cutoff` (files go at the next VACUUM, after its own
 retention); quarantine, whose lines never became events, by the time they were read
-(`ingest_time`). Landing files: removed when their modification time is before the cutoff *and* a
-batch the ETL committed read them (`etl.processed_files`), so nothing unprocessed goes.
+(`ingest_time`), and late_events by the time each record was made (`recorded_at`). Landing
+files: removed when their modification time is before the cutoff *and* a batch the ETL
+committed read them (`etl.processed_files`), so nothing unprocessed goes.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from pipelines.settings import Settings
 
 LAYER_SETTING = {"bronze": "retention_bronze_days", "silver": "retention_silver_days",
                  "enriched": "retention_enriched_days", "gold": "retention_gold_days"}
-# The column a table ages by, the first it has: its events' day, else (quarantine) when its lines
-# were read. A table with neither (late_events, the state tables) is kept.
-AGE_COLUMNS = ("event_date", "ingest_time")
+# The column a table ages by, the first it has: its events' day, else when its lines were read
+# (quarantine) or its record made (late_events). A table with none (the state tables) is kept.
+AGE_COLUMNS = ("event_date", "ingest_time", "recorded_at")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
         column = next((c for c in AGE_COLUMNS if c in spec.schema.fieldNames()), None)
         if cutoff is None or column is None:
             steps.append(RetentionStep(name, None, 0, "rows", "no retention" if cutoff is None
-                                       else "no event_date or ingest_time"))
+                                       else "no event_date, ingest_time or recorded_at"))
             continue
         if spark is None:
             raise ValueError("retention of tables needs a SparkSession")
