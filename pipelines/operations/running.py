@@ -68,8 +68,8 @@ def _holds_lock(pid: int, path: Path) -> bool | None:
         return None
     lock = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
     # A line: "1: FLOCK  ADVISORY  WRITE 4541 fe:00:9980402 0 EOF" (waiters' lines hold "->").
-    return any(line.split()[1:2] == ["FLOCK"] and line.split()[4:6] == [str(pid), lock]
-               for line in table.splitlines())
+    return any(fields[1:2] == ["FLOCK"] and fields[4:6] == [str(pid), lock]
+               for fields in map(str.split, table.splitlines()))
 
 
 def refuse_while_streaming(home: Home, command: str) -> None:
