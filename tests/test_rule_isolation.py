@@ -4,6 +4,7 @@ re-enabled by one command; the other rules' alerts are untouched."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -107,6 +108,33 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
     # Editing the file is a new deploy: whatever the old content did, the new one starts fresh.
     bad_file.write_text(bad_file.read_text().replace("version: 2", "version: 3"))
     assert RuleStatus(spark, lake).get(bad.slug, validate_rule(bad_file).content_hash).state == OK
+
+
+def test_a_status_row_waits_while_another_process_commits_to_rule_status(spark, lake):
+    # On object storage two drivers committing rule_status at one moment can lose a commit, and
+    # `seclake rules enable` appends beside the stream's rules application: each takes the home's lock.
+    status = RuleStatus(spark, lake)
+    status.put(status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0))
+    table = lake.path(RULE_STATUS_TABLE) / "_delta_log"
+    commits = len(list(table.glob("*.json")))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+         str(lake.home.root / f"{RULE_STATUS_TABLE}.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = threading.Event()
+        writer = threading.Thread(target=lambda: (status.put(status.get("r", "hash").enabled()), done.set()))
+        writer.start()
+        assert not done.wait(4)  # the other process holds the lock: nothing committed yet
+        assert len(list(table.glob("*.json"))) == commits
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.wait(60)
+    writer.join()
+    assert len(list(table.glob("*.json"))) == commits + 1
+    assert RuleStatus(spark, lake).get("r", "hash").state == OK
 
 
 def test_a_batch_over_its_budget_is_stopped_and_counted(spark, tmp_path, lake):

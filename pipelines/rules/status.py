@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import delta_errors
+from pipelines.operations.running import commit_lock
 from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE
 
@@ -111,7 +112,12 @@ class RuleStatus:
         return health_of(self.all(), rule, content_hash)
 
     def put(self, health: RuleHealth) -> RuleHealth:
-        """Record `health` unless it is what the table already says; return it."""
+        """Record `health` unless it is what the table already says; return it. The table is read and
+        appended to under the home's `commit_lock`: `seclake rules enable` appends beside a stream."""
+        with commit_lock(self.lake.home, RULE_STATUS_TABLE):
+            return self._put(health)
+
+    def _put(self, health: RuleHealth) -> RuleHealth:
         before = self.all().get(health.rule)
         if before == health or (before is None and health == RuleHealth.fresh(health.rule, health.content_hash)):
             return health
