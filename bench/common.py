@@ -41,10 +41,18 @@ SILVER_FEEDS: dict[str, list[tuple[str, str]]] = {
 
 def stage_report(line: str | bytes) -> dict | None:
     """A stage's report from a line of `seclake run-once --json` (its `QueryReport` fields by name),
-    or None for any other line (progress, logs)."""
+    or None for any other line (progress, logs, JSON that is not a report).
+
+    >>> stage_report('{"name": "etl", "batches": 1}')["batches"], stage_report("{not json"), stage_report('{"a": 1}')
+    (1, None, None)
+    """
     if not line.lstrip().startswith(b"{" if isinstance(line, bytes) else "{"):
         return None
-    return json.loads(line)
+    try:
+        report = json.loads(line)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "name" in report and "batches" in report else None
 
 
 def work_dir(name: str, given: str | None = None) -> Path:
