@@ -6,7 +6,10 @@ without that same `SECLAKE_LAKE` is refused (it would otherwise see, or start, a
 """
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +85,32 @@ class Home:
     def intel(self) -> Path:
         """Indicator feeds dropped here are loaded by Dagster's `intel_sensor` (docs/triage.md)."""
         return self.root / "intel"
+
+    @contextmanager
+    def commit_lock(self, table: str) -> Iterator[None]:
+        """Hold this home's lock on commits to `table` (`locks/<table>.lock`), waiting while another
+        process of this machine holds it.
+
+        Delta commits to a lake on object storage are atomic only within one Spark driver
+        (docs/deploy.md): two drivers committing one table at the same moment can both succeed, and
+        one commit is lost. The processes of a home that append to one table take turns here
+        instead: the stream's rules application, `seclake rules enable` (rule_status), and
+        `seclake rules backtest --write` or `intel load` (alerts).
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     with Home.resolve(tmp).commit_lock("alerts"):
+        ...         print(sorted(str(p.relative_to(tmp)) for p in Path(tmp).rglob("*")))
+        ['locks', 'locks/alerts.lock']
+        """
+        folder = self.root / "locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"{table}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies holding it
+            yield
+        finally:
+            os.close(fd)
 
     def existing(self) -> "Home":
         """Self, when it holds a tables/ folder (a home some run has written); else a ValueError

@@ -1,7 +1,12 @@
 """One SparkSession for the whole test session; every test writes under its own tmp_path."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -210,3 +215,34 @@ def spark_jobs(spark, call):
     finally:
         spark.sparkContext.setJobGroup("", "")
     return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+@contextmanager
+def held_elsewhere(lock: Path) -> Iterator[None]:
+    """The file lock `lock` (a home's `commit_lock`) held by another process until the block ends."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def waits_for_lock(lock: Path, call: Callable[[], object], commits: Callable[[], int]) -> object:
+    """Run `call` while another process holds `lock`: assert it commits nothing until the lock is
+    released, then that it ends with one more commit; its result."""
+    before = commits()
+    result: list[object] = []
+    with held_elsewhere(lock):
+        worker = threading.Thread(target=lambda: result.append(call()))
+        worker.start()
+        worker.join(4)
+        assert worker.is_alive() and commits() == before  # waiting for the lock, nothing committed
+    worker.join(60)
+    assert not worker.is_alive() and result and commits() == before + 1
+    return result[0]

@@ -29,13 +29,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from conftest import spark_jobs
+from conftest import spark_jobs, waits_for_lock
 from pipelines.home import Home
 from pipelines.lake.log import commits, newest_in_stats, summary
 from pipelines.lake.read import is_table, read_in_range, read_table
 from pipelines.lake.registry import CatalogWatch, Lake
 from pipelines.lake.schema import SchemaMismatchError
 from pipelines.lake.sink import DeltaSink, create_empty, table_uri
+from pipelines.rules.status import platform_alert
 
 # Every Spark type the product's tables use.
 ALL_TYPES = StructType([
@@ -320,6 +321,21 @@ def test_create_empty_once_with_nullable_columns_and_log_checkpoints(spark, tmp_
         checksum = json.loads((table / "_delta_log" / f"{version:020d}.crc").read_text())
         assert checksum["numFiles"] == version and not checksum.get("allFiles")
     assert sorted(r.n for r in read_table(spark, table).collect()) == [0, 1, 2]
+
+
+def test_a_registry_sinks_commit_waits_while_another_process_of_the_home_commits(spark, tmp_path):
+    # Delta's commits on object storage are atomic within one driver only: `seclake rules backtest
+    # --write` appends to alerts beside the stream's rules application, so each commit takes the home's lock.
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    lake.ensure(spark, "alerts")
+    log = lake.path("alerts") / "_delta_log"
+    alert = spark.createDataFrame(
+        [platform_alert("a1", "seclake.test", "test", "low", "s", "{}",
+                        dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc))], lake.spec("alerts").schema)
+    result = waits_for_lock(lake.home.root / "locks" / "alerts.lock",
+                            lambda: lake.sink("alerts", app_id="backtest").write_batch(alert, 1),
+                            lambda: len(list(log.glob("*.json"))))
+    assert result.rows == 1 and lake.read(spark, "alerts").count() == 1
 
 
 def test_a_sinks_first_batch_creates_the_table_in_one_commit_with_delta_s_checks(spark, tmp_path):

@@ -4,7 +4,6 @@ re-enabled by one command; the other rules' alerts are untouched."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from dagster import AssetCheckSeverity, build_asset_check_context
 
 from assets.resources import LakeResource, SparkResource
 from assets.rules import rule_enabled_checks, rule_key
+from conftest import waits_for_lock
 from pipelines.cli import main
 from pipelines.home import Home
 from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp, tables_up
@@ -115,25 +115,9 @@ def test_a_status_row_waits_while_another_process_commits_to_rule_status(spark, 
     # `seclake rules enable` appends beside the stream's rules application: each takes the home's lock.
     status = RuleStatus(spark, lake)
     status.put(status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0))
-    table = lake.path(RULE_STATUS_TABLE) / "_delta_log"
-    commits = len(list(table.glob("*.json")))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
-         str(lake.home.root / f"{RULE_STATUS_TABLE}.lock")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        done = threading.Event()
-        writer = threading.Thread(target=lambda: (status.put(status.get("r", "hash").enabled()), done.set()))
-        writer.start()
-        assert not done.wait(4)  # the other process holds the lock: nothing committed yet
-        assert len(list(table.glob("*.json"))) == commits
-    finally:
-        holder.kill()
-        holder.wait()
-    assert done.wait(60)
-    writer.join()
-    assert len(list(table.glob("*.json"))) == commits + 1
+    log = lake.path(RULE_STATUS_TABLE) / "_delta_log"
+    waits_for_lock(lake.home.root / "locks" / f"{RULE_STATUS_TABLE}.lock",
+                   lambda: status.put(status.get("r", "hash").enabled()), lambda: len(list(log.glob("*.json"))))
     assert RuleStatus(spark, lake).get("r", "hash").state == OK
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -164,9 +165,11 @@ class Lake:
         _COLUMNS.pop(name, None)
 
     def sink(self, name: str, *, app_id: str | None = None) -> DeltaSink:
-        """The exactly-once sink for `name`; the app_id defaults to the table name (one writer per table)."""
+        """The exactly-once sink for `name`; the app_id defaults to the table name (one writer per table).
+        Its commits hold the home's `commit_lock` on `name`: other processes of the home may append too."""
         spec = self.spec(name)
-        return DeltaSink(self.path(name), app_id=app_id or name, partition_by=spec.partition_by)
+        return DeltaSink(self.path(name), app_id=app_id or name, partition_by=spec.partition_by,
+                         commit_lock=partial(self.home.commit_lock, spec.name))
 
     def read(self, spark: SparkSession, name: str, *, version: int | None = None,
              timestamp: str | datetime | None = None) -> DataFrame:

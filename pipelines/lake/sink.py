@@ -16,8 +16,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +65,17 @@ class DeltaSink:
     'silver_dns'
     """
 
-    def __init__(self, path: str | os.PathLike, *, app_id: str, partition_by: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, path: str | os.PathLike, *, app_id: str, partition_by: list[str] | tuple[str, ...] = (),
+                 commit_lock: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        """`commit_lock` is held around each commit: other processes appending to the table take turns
+        through it (`Home.commit_lock`; Delta's commits on object storage are atomic only within one driver)."""
         if not app_id:
             raise ValueError("app_id must be a non-empty string")
         self.uri = table_uri(path)
         self.name = self.uri.rstrip("/").rsplit("/", 1)[-1]
         self.app_id = app_id
         self.partition_by = list(partition_by)
+        self.commit_lock = commit_lock
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.write_batch(df, batch_id)
@@ -94,7 +98,7 @@ class DeltaSink:
             return self._skip(df, batch_id)
         with delta_errors(self.name):
             version, rows = _append(spark, txn, df, self.app_id, batch_id, tag, self.partition_by,
-                                    empty_commits=creates)
+                                    empty_commits=creates, commit_lock=self.commit_lock)
         return CommitResult(self.name, batch_id, version, rows)
 
     def last_batch(self, spark: SparkSession) -> int:
@@ -110,7 +114,7 @@ class DeltaSink:
                   .option("mergeSchema", "true").option("userMetadata", tag))
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
-        with delta_errors(self.name):
+        with delta_errors(self.name), self.commit_lock():
             writer.save(self.uri)
         ours = _find_commit(df.sparkSession, self.uri, tag)
         if ours is None:
@@ -179,7 +183,8 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
 
 
 def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int, tag: str,
-            partition_by: list[str], *, empty_commits: bool = False) -> tuple[int | None, int]:
+            partition_by: list[str], *, empty_commits: bool = False,
+            commit_lock: Callable[[], AbstractContextManager[None]] = nullcontext) -> tuple[int | None, int]:
     """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows), or
     (None, 0) when `df` had no row and nothing was committed (unless `empty_commits`: a new table).
 
@@ -202,7 +207,8 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
     now = some(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
     actions = getattr(files, "$colon$plus")(jvm_class(spark, "org.apache.spark.sql.delta.actions.SetTransaction")(
         app_id, batch_id, now))
-    version = int(txn.commit(actions, _write_operation(spark, "Append", partition_by, tag)))
+    with commit_lock():
+        version = int(txn.commit(actions, _write_operation(spark, "Append", partition_by, tag)))
     rows = txn.getMetric("numOutputRows")
     return version, int(rows.get().value()) if rows.isDefined() else 0
 

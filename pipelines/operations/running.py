@@ -16,8 +16,6 @@ import fcntl
 import os
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from pipelines.home import Home
@@ -79,32 +77,6 @@ def refuse_while_streaming(home: Home, command: str) -> None:
     pid = running_stream(home)
     if pid is not None:
         raise RuntimeError(f"a seclake stream (pid {pid}) is running on {home.root}: stop it before {command}")
-
-
-@contextmanager
-def commit_lock(home: Home, table: str) -> Iterator[None]:
-    """Hold `home`'s lock on commits to `table` (`<table>.lock` in the home), waiting for another
-    process of this machine that holds it.
-
-    Delta commits to a lake on object storage are atomic only within one Spark driver (docs/deploy.md):
-    two drivers committing one table at the same moment can both succeed, and one commit is lost.
-    Processes of one home that append to the same table take turns here instead, each reading its
-    snapshot and committing inside the lock: the stream's rules application and `seclake rules
-    enable` both append to `rule_status`.
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     with commit_lock(Home.resolve(tmp), "rule_status"):
-    ...         print(sorted(p.name for p in Path(tmp).iterdir()))
-    ['rule_status.lock']
-    """
-    home.root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home.root / f"{table}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies holding it
-        yield
-    finally:
-        os.close(fd)
 
 
 class HomeBusy(RuntimeError):

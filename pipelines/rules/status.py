@@ -22,7 +22,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import delta_errors
-from pipelines.operations.running import commit_lock
 from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE
 
@@ -114,7 +113,7 @@ class RuleStatus:
     def put(self, health: RuleHealth) -> RuleHealth:
         """Record `health` unless it is what the table already says; return it. The table is read and
         appended to under the home's `commit_lock`: `seclake rules enable` appends beside a stream."""
-        with commit_lock(self.lake.home, RULE_STATUS_TABLE):
+        with self.lake.home.commit_lock(RULE_STATUS_TABLE):
             return self._put(health)
 
     def _put(self, health: RuleHealth) -> RuleHealth:
@@ -168,7 +167,7 @@ def platform_alerts(spark: SparkSession, lake: Lake, rows: list[tuple]) -> DataF
 
 def append_platform_alerts(lake: Lake, frame: DataFrame) -> None:
     """Append platform alerts to `alerts` (a plain append: their ids say whether one is new)."""
-    with delta_errors(ALERTS_TABLE):
+    with delta_errors(ALERTS_TABLE), lake.home.commit_lock(ALERTS_TABLE):
         # mergeSchema: an alerts table from before `suppressed_by` gains the column.
         (frame.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy("event_date")
          .save(str(lake.path(ALERTS_TABLE))))
