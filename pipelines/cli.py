@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         # would otherwise fail again flushing stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+    except (ValueError, RuntimeError, FileNotFoundError, OverflowError) as exc:
         print(f"seclake {args.command}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the object store's clients (pyarrow, delta-rs): endpoint, credentials

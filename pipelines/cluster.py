@@ -56,7 +56,19 @@ class LocalCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _pid_files(self) -> list[Path]:
-        return [self.folder / "master.pid", *(self.folder / f"worker-{i}.pid" for i in range(1, self.workers + 1))]
+        """The master's pid file, then the workers': this cluster's, and any a start with more workers left
+        (`cluster stop` does not know how many `cluster start --workers N` started).
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     c = LocalCluster(Home.resolve(tmp))
+        ...     c.folder.mkdir()
+        ...     _ = (c.folder / "worker-4.pid").write_text("4242")
+        ...     [p.name for p in c._pid_files()]
+        ['master.pid', 'worker-1.pid', 'worker-2.pid', 'worker-4.pid']
+        """
+        workers = {self.folder / f"worker-{i}.pid" for i in range(1, self.workers + 1)}
+        return [self.folder / "master.pid", *sorted(workers | set(self.folder.glob("worker-*.pid")))]
 
     def pids(self) -> list[int]:
         """The running daemons' process ids (master first)."""

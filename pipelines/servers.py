@@ -142,6 +142,25 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535 (a socket call would fail later with OverflowError).
+
+    >>> port_number("9000")
+    9000
+    >>> port_number("70000")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: 70000 is not a TCP port (1 to 65535)
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
+    return port
+
+
 def add_server_commands(sub: argparse._SubParsersAction, name: str, help: str, verbs: dict[str, str],
                         default_port: int, port_help: str, home_arg: Callable[[argparse.ArgumentParser], None],
                         func: Callable[[argparse.Namespace], int]) -> dict[str, argparse.ArgumentParser]:
@@ -160,7 +179,8 @@ def add_server_commands(sub: argparse._SubParsersAction, name: str, help: str, v
     made = {}
     for verb, text in verbs.items():
         parser = verb_parsers.add_parser(verb, help=text)
-        parser.add_argument("--port", type=int, default=default_port, help=f"{port_help} (default {default_port})")
+        parser.add_argument("--port", type=port_number, default=default_port,
+                            help=f"{port_help} (default {default_port})")
         home_arg(parser)
         parser.set_defaults(func=func)
         made[verb] = parser

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -52,6 +53,8 @@ DEFAULTS = {
     "malformed_rate": 0.0005, "duplicate_rate": 0.001, "late_rate": 0.05, "out_of_order_rate": 0.001,
 }
 MIN_HOURS = 0.1
+# Ten years of feed: more is a typo, not a data set.
+MAX_HOURS = 24 * 366 * 10
 MAX_HOSTS = 5000
 _first = itemgetter(0)
 STREAMS = (("zeek", "conn"), ("zeek", "dns"), ("zeek", "dhcp"), ("suricata", "eve"))
@@ -74,9 +77,16 @@ def parse_start(start: str) -> int:
     return int(dt.timestamp()) * US + dt.microsecond
 
 
+def _check_hours(hours: object) -> None:
+    """ValueError naming `hours` unless it is a number of hours the generator makes (NaN, inf and
+    centuries would fail later as an OverflowError, or never end)."""
+    if (not isinstance(hours, (int, float)) or isinstance(hours, bool) or not math.isfinite(hours)
+            or not MIN_HOURS <= hours <= MAX_HOURS):
+        raise ValueError(f"hours must be a number from {MIN_HOURS} to {MAX_HOURS}, got {hours!r}")
+
+
 def _validate(hours, hosts, seed, start, zeek_format, rates: dict[str, float], rate, workers) -> int:
-    if not isinstance(hours, (int, float)) or hours != hours or hours < MIN_HOURS:
-        raise ValueError(f"hours must be a number >= {MIN_HOURS}, got {hours!r}")
+    _check_hours(hours)
     if not isinstance(hosts, int) or isinstance(hosts, bool) or not 5 <= hosts <= MAX_HOSTS:
         raise ValueError(f"hosts must be an integer between 5 and {MAX_HOSTS}, got {hosts!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
@@ -370,6 +380,7 @@ def hour_files(start_us: int, hours: float) -> int:
     >>> hour_files(parse_start("2026-11-20T00:30:00Z"), 1)
     2
     """
+    _check_hours(hours)
     end = start_us + int(round(hours * HOUR))
     return -(-(end - (start_us - start_us % HOUR)) // HOUR)
 

@@ -245,3 +245,46 @@ def test_an_abbreviated_or_unknown_option_is_named_with_its_commands_usage(tmp_p
     assert usage.startswith(f"usage: seclake {' '.join(command)} "), typo.stderr
     assert error == f"seclake {' '.join(command)}: error: unrecognized arguments: --hom {tmp_path / 'h'}", error
     assert not (tmp_path / "h").exists()
+
+
+def _state_command(command: str, tmp_path: Path) -> list[str]:
+    feed = tmp_path / "feed.txt"
+    feed.write_text("evil.test\n")
+    return {"suppress": ["suppress", "add", "--all-rules", "--ip", "10.0.0.5", "--reason", "lab"],
+            "intel": ["intel", "load", str(feed)],
+            "notify": ["notify", "--set", "notify_webhook_url=http://127.0.0.1:9/hook"]}[command]
+
+
+@pytest.mark.parametrize("command", ["suppress", "intel", "notify"])
+def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, command):
+    # Each once wrote its table under a mistyped --home (or, for notify, delivered nothing from it) and said it had.
+    typo = seclake(*_state_command(command, tmp_path), "--home", str(tmp_path / "nope"), timeout=120)
+    assert typo.returncode == 2 and typo.stdout == "", typo.stdout
+    assert typo.stderr.startswith(f"seclake {command}: {tmp_path / 'nope'} is not a seclake home"), typo.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["generate", "--hours", "inf"], "hours must be a number from 0.1 to 87840, got inf"),
+    (["retention", "--dry-run", "--set", "retention_silver_days=1000000"],
+     "setting retention_silver_days=1000000: must be at most 36500"),
+    (["intel", "load", "FEED", "--sweep-days", "1000000"], "--sweep-days 1000000: each must be 1 to 36500"),
+    (["rules", "backtest", "dga_nxdomain_burst", "--to", "9999-12-31"], "'9999-12-31' is not a date"),
+    (["rules", "backtest", "dga_nxdomain_burst", "--ground-truth", "TRUTH"], "TRUTH:2: not a ground-truth record"),
+    (["alerts", "incidents", "--span", "inf"], "--span inf: give a positive number of hours"),
+    (["notify", "--set", "notify_webhook_url=https://hooks.example/T0 B1"], "is not a valid URL"),
+    (["cluster", "start", "--port", "70000"], "argument --port: 70000 is not a TCP port (1 to 65535)"),
+])
+def test_out_of_range_input_is_refused_in_one_line_naming_it(tmp_path, args, named):
+    # Each of these once ended in a Python traceback (an OverflowError, an InvalidURL, an AttributeError),
+    # some after part of the work was done.
+    home = tmp_path / "home"
+    (home / "tables").mkdir(parents=True)
+    feed, truth = tmp_path / "feed.txt", tmp_path / "truth.jsonl"
+    feed.write_text("evil.test\n")
+    truth.write_text('{"scenario": "s", "start": "2026-11-20T00:00:00Z", "end": "2026-11-20T01:00:00Z"}\n[]\n')
+    args = [{"FEED": str(feed), "TRUTH": str(truth)}.get(a, a) for a in args]
+    where = ["--out", str(tmp_path / "gen")] if args[0] == "generate" else ["--home", str(home)]
+    run = seclake(*args, *where, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert named.replace("TRUTH", str(truth)) in run.stderr.strip().splitlines()[-1], run.stderr

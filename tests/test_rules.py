@@ -69,6 +69,17 @@ def test_rules_test_says_a_missing_tests_file_once(spark, tmp_path, capsys):
     assert out.err.strip() == "1 case(s), 1 failed"
 
 
+def test_a_tests_file_that_is_not_utf8_is_a_rule_error_naming_it(tmp_path):
+    # It was a UnicodeDecodeError naming no file, which ended the whole `seclake rules test` run.
+    source = RULES_DIR / "dns" / "dga_nxdomain_burst.sql"
+    (tmp_path / source.name).write_text(source.read_text())
+    tests = tmp_path / "dga_nxdomain_burst.tests.yml"
+    tests.write_bytes((RULES_DIR / "dns" / tests.name).read_text().replace("cases:", "# café\ncases:", 1)
+                      .encode("latin-1"))
+    with pytest.raises(RuleError, match=f"{tests}: not readable as UTF-8 text"):
+        load_cases(validate_rule(tmp_path / source.name))
+
+
 def test_a_case_of_a_rule_calling_a_misspelt_function_fails_naming_the_line_and_the_function(spark, tmp_path):
     source = RULES_DIR / "dns" / "dns_tunneling.sql"
     text = source.read_text().replace("length(", "lenght(", 1)

@@ -34,13 +34,15 @@ def cmd_load(args: argparse.Namespace) -> int:
     from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import load
     from pipelines.lake.registry import Lake
+    from pipelines.settings import MAX_DAYS
     from pipelines.spark import get_spark
 
-    if args.valid_days <= 0 or args.sweep_days <= 0:
-        raise ValueError("--valid-days and --sweep-days must be positive")
+    if not (0 < args.valid_days <= MAX_DAYS and 0 < args.sweep_days <= MAX_DAYS):
+        raise ValueError(f"--valid-days {args.valid_days} and --sweep-days {args.sweep_days}: each must be "
+                         f"1 to {MAX_DAYS}")
     if not args.file.is_file():  # before Spark starts: a typo costs no JVM
         raise ValueError(f"indicator file {args.file} does not exist")
-    lake = Lake(Home.resolve(args.home))
+    lake = Lake(Home.resolve(args.home).existing())
     result = load(get_spark(app_name="seclake-intel", ui=False), lake, args.file, source=args.source,
                   valid_days=args.valid_days, sweep_days=args.sweep_days)
     print(f"loaded {result.indicators} indicator(s) from {args.file} into indicators v{result.version}",

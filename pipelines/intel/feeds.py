@@ -52,6 +52,8 @@ def classify(text: str) -> tuple[str, str] | None:
 
     >>> classify("Evil.Example.COM."), classify("203.0.113.9"), classify("http://x.test/a"), classify("a b")
     (('domain', 'evil.example.com'), ('ip', '203.0.113.9'), ('domain', 'x.test'), None)
+    >>> classify("http://[bad") is None
+    True
     >>> classify("Bücher.example")
     ('domain', 'xn--bcher-kva.example')
     >>> classify("198.51.100.7/24"), classify("198.51.100.7/32"), classify("10.0.0.0/7"), classify("2001:db8::/32")
@@ -61,7 +63,10 @@ def classify(text: str) -> tuple[str, str] | None:
     if "/" in value and "://" not in value:
         return _range(value)
     if "://" in value:
-        value = urlsplit(value).hostname or ""
+        try:
+            value = urlsplit(value).hostname or ""
+        except ValueError:  # "http://[bad": not a URL
+            return None
     if ":" in value and value.count(":") == 1:  # host:port, as ThreatFox writes ip:port
         value = value.split(":", 1)[0]
     try:
@@ -84,8 +89,9 @@ def parse_feed(text: str) -> Feed:
     [('domain', 'evil.test'), ('ip', '198.51.100.7')]
     >>> parse_feed("; Spamhaus DROP\\n1.10.16.0/20 ; SBL256894\\n").indicators
     [('cidr', '1.10.16.0/20')]
-    >>> parse_feed('# "first_seen_utc","dst_ip","dst_port"\\n"2026-11-01","192.0.2.4","443"\\n').indicators
-    [('ip', '192.0.2.4')]
+    >>> feed = parse_feed('# "first_seen_utc","dst_ip"\\n"2026-11-01","192.0.2.4"\\n"2026-11-02"\\n')  # a short row
+    >>> feed.indicators, len(feed.skipped)
+    ([('ip', '192.0.2.4')], 1)
     """
     if text.lstrip().startswith("{"):
         return parse_stix(text)
@@ -99,8 +105,9 @@ def parse_feed(text: str) -> Feed:
     else:
         body = [line for line in lines[header_at + 1:] if line.strip() and not line.lstrip().startswith("#")]
         header = lines[header_at].lstrip("#").strip()
-        values = [row.get(column, "") for row in csv.DictReader(io.StringIO("\n".join([header, *body])),
-                                                                skipinitialspace=True)]
+        # A short (truncated) row has None for its missing columns: skipped as an empty value.
+        values = [row.get(column) or "" for row in csv.DictReader(io.StringIO("\n".join([header, *body])),
+                                                                  skipinitialspace=True)]
     for value in values:
         indicator = classify(value)
         if indicator is None:

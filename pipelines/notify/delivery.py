@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 SEVERITIES = ("info", "low", "medium", "high", "critical")  # least urgent first
 RETRIABLE_STATUS = {408, 429}
@@ -26,6 +27,10 @@ class Destination:
 
     >>> Destination("soc", "http://127.0.0.1:9/hook", "high").wants("critical")
     True
+    >>> Destination("soc", "https://hooks.example/T0 B1")
+    Traceback (most recent call last):
+    ...
+    ValueError: destination soc: url 'https://hooks.example/T0 B1' is not a valid URL ...
     """
 
     name: str
@@ -38,9 +43,25 @@ class Destination:
                              f"expected one of {', '.join(SEVERITIES)}")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"destination {self.name}: url {self.url!r} is not http(s)")
+        if not _valid_url(self.url):
+            raise ValueError(f"destination {self.name}: url {self.url!r} is not a valid URL "
+                             "(a host, a port of digits, no spaces)")
 
     def wants(self, severity: str | None) -> bool:
         return severity in SEVERITIES and SEVERITIES.index(severity) >= SEVERITIES.index(self.min_severity)
+
+
+def _valid_url(url: str) -> bool:
+    """Whether urlopen takes `url` (it refuses the rest with http.client's InvalidURL, at the first
+    alert): a host, a port of digits if any, no whitespace or control character."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (reading it raises ValueError for a port that is not a number)
+    except ValueError:
+        return False
+    return bool(parts.hostname)
 
 
 @dataclass

@@ -77,7 +77,7 @@ def load_ground_truth(path: str | os.PathLike) -> list[Incident]:
             r = json.loads(line)
             incidents.append(Incident(r.get("id") or f"line{n}", r["scenario"], r.get("host_ip"), r.get("mac"),
                                       _instant(r["start"]), _instant(r["end"])))
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a list, a number for a time
             raise ValueError(f"{path}:{n}: not a ground-truth record ({exc})") from None
     return incidents
 
@@ -293,8 +293,9 @@ def parse_when(value: str, *, end_of_day: bool = False) -> datetime:
             day = date.fromisoformat(value.strip())
             return datetime.combine(day + timedelta(days=1 if end_of_day else 0), time(), timezone.utc)
         return _instant(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a date (2026-11-20) or an ISO-8601 time (2026-11-20T08:00:00Z)") from None
+    except (ValueError, OverflowError):  # OverflowError: the day after 9999-12-31
+        raise ValueError(f"{value!r} is not a date (2026-11-20) or an ISO-8601 time (2026-11-20T08:00:00Z) "
+                         "before 9999-12-31") from None
 
 
 def rule_at_revision(path: str | os.PathLike, revision: str) -> Rule:

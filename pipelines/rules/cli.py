@@ -208,7 +208,14 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.rules.backtest import GROUND_TRUTH, backtest, parse_when, rule_at_revision, write_missing
+    from pipelines.rules.backtest import (
+        GROUND_TRUTH,
+        backtest,
+        load_ground_truth,
+        parse_when,
+        rule_at_revision,
+        write_missing,
+    )
     from pipelines.rules.engine import analysis_error
     from pipelines.spark import get_spark
     from pipelines.terminal import Progress
@@ -228,6 +235,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     truth = args.ground_truth or (home.root / GROUND_TRUTH)
     if args.ground_truth and not truth.is_file():
         raise FileNotFoundError(f"no ground-truth file {truth}")
+    if truth.is_file():
+        load_ground_truth(truth)  # a bad record named before Spark starts, not after the backtest
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
     with Progress("backtest", total=2 + bool(args.write)) as progress:

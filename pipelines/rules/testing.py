@@ -72,7 +72,11 @@ def load_cases(rule: Rule) -> list[Case]:
     path = rule.tests_path
     if path is None or not path.is_file():
         raise RuleError(f"rule {rule.slug} has no tests file {path.name if path else '<rule>.tests.yml'} beside it")
-    return parse_cases(path.read_text(encoding="utf-8"), rule, str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}: not readable as UTF-8 text ({exc})") from None
+    return parse_cases(text, rule, str(path))
 
 
 def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:

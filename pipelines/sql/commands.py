@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.servers import port_number
 from pipelines.sql.database import Database, SqlError, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
@@ -122,7 +123,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     serve.add_argument("--host", default=DEFAULT_HOST,
                        help=f"interface to listen on (default {DEFAULT_HOST}: this machine only; the endpoint has "
                             "no authentication, so bind elsewhere only behind a firewall or proxy you trust)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    serve.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     serve.set_defaults(func=cmd_serve)
 
     tables = sub.add_parser("tables", help="list the tables: version, rows, files, size, last commit, partitioning")

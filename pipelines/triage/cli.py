@@ -106,7 +106,8 @@ def _spark_and_lake(args: argparse.Namespace):
     from pipelines.lake.registry import Lake
     from pipelines.spark import get_spark
 
-    return get_spark(app_name="seclake-alerts", ui=False), Lake(Home.resolve(args.home))
+    lake = Lake(Home.resolve(args.home).existing())  # before Spark starts: a mistyped --home costs no JVM
+    return get_spark(app_name="seclake-alerts", ui=False), lake
 
 
 def rule_id(name: str, rules_dir: Path) -> str:
@@ -221,11 +222,12 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
     from pyspark.sql import functions as F
 
+    from pipelines.settings import MAX_DAYS
     from pipelines.terminal import print_table
     from pipelines.triage.incidents import incidents
 
-    if args.span <= 0:
-        raise ValueError(f"--span {args.span:g}: give a positive number of hours")
+    if not 0 < args.span <= 24 * MAX_DAYS:  # NaN and inf too
+        raise ValueError(f"--span {args.span:g}: give a positive number of hours, at most {24 * MAX_DAYS}")
     spark, lake = _spark_and_lake(args)
     frame = incidents(spark, lake, timedelta(hours=args.span)).where(F.col("risk") >= args.min_risk)
     if not args.all:
