@@ -105,17 +105,32 @@ class Home:
         """
         folder = self.root / "locks"
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / f"{table}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder / f"{table}.lock", os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies holding it
             yield
         finally:
             os.close(fd)
 
-    def existing(self) -> "Home":
-        """Self, when it holds a tables/ folder (a home some run has written); else a ValueError
-        naming it, before any Spark starts: a mistyped --home would read as an empty home."""
-        if not self.tables.is_dir():
+    def existing(self, *, or_landing: bool = False) -> "Home":
+        """Self, when it holds a tables/ folder (a home some run has written), or with `or_landing` a
+        landing/ folder (logs generated or delivered, no run yet: state such as indicators may be
+        kept before the first run); else a ValueError naming it, before any Spark starts: a
+        mistyped --home would read as an empty home, or be written as a new one.
+
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> generated = Home.resolve(tmp.name)
+        >>> (generated.root / "landing").mkdir()
+        >>> generated.existing(or_landing=True) is generated
+        True
+        >>> generated.existing()
+        Traceback (most recent call last):
+        ...
+        ValueError: ... is not a seclake home (no tables/ folder); pass --home/home= or set SECLAKE_HOME
+        >>> tmp.cleanup()
+        """
+        if not (self.tables.is_dir() or (or_landing and self.landing.is_dir())):
             raise ValueError(f"{self.root} is not a seclake home (no tables/ folder); "
                              "pass --home/home= or set SECLAKE_HOME")
         return self

@@ -76,9 +76,10 @@ def _data_files(home: Home) -> set[str]:
     return found
 
 
-def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.Popen, timeout: float) -> float:
-    """Poll (every ~10 ms) until a sink is seen in its write -> commit window for the `nth` time,
-    and return the seconds waited.
+def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.Popen,
+                        timeout: float) -> tuple[float, bool]:
+    """Poll (every ~10 ms) until a sink is seen in its write -> commit window for the `nth` time:
+    the seconds waited, and whether it was seen (not: the timeout, or the process ended).
 
     delta-spark writes a batch's Parquet files straight into the table's partition folders, then
     commits them. The window is seen when a table has new data files (not in `known`) that are
@@ -107,7 +108,7 @@ def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.
                     seen += 1
                     known |= new
                     if seen >= nth:
-                        return time.monotonic() - started
+                        return time.monotonic() - started, True
                 continue
             try:
                 unreferenced = {f for f in new if os.path.relpath(f, path) not in referenced(path)}
@@ -118,7 +119,7 @@ def _wait_for_sink_step(home: Home, known: set[str], nth: int, proc: subprocess.
                 continue
             pending[table] = (frozenset(new), commits)
         time.sleep(0.01)
-    return time.monotonic() - started
+    return time.monotonic() - started, False
 
 
 def _commits(home: Home) -> dict[str, int]:
@@ -174,7 +175,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
         started = time.monotonic()
         stop = threading.Event()
         thread = feed.during(stop, arrivals)
-        up = None
+        up, window_seen = None, None
         try:
             if mode == "from start":
                 time.sleep(delay)
@@ -191,7 +192,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
                     delay = wait_for_commit(home, etl_before, proc, poll_s=0.05) + extra
                     time.sleep(extra)
                 else:
-                    delay = _wait_for_sink_step(home, known_files, nth_file, proc, timeout=180)
+                    delay, window_seen = _wait_for_sink_step(home, known_files, nth_file, proc, timeout=180)
             kill_group(proc, log)
         finally:
             stop.set()
@@ -219,7 +220,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
         # No duplicate may ever be visible, not even between restarts.
         assert_no_duplicates(home, f"restart {restart}")
         commits_after = _commits(home)
-        kills.append({"restart": restart, "mode": mode, "delay_s": round(delay, 2),
+        kills.append({"restart": restart, "mode": mode, "delay_s": round(delay, 2), "window_seen": window_seen,
                       "commits": sum(n - commits_before.get(t, 0) for t, n in commits_after.items()),
                       # The ETL's own commits: rule queries commit to alerts even on empty input.
                       "etl_commits": sum(commits_after.get(t, 0) - commits_before.get(t, 0) for t in etl.etl_tables()),
@@ -273,3 +274,5 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
     for k in kills:
         print("  ", k)
     assert len(kills) >= RESTARTS
+    # The kill point this test is for: each kill meant for the write -> commit window waited for it.
+    assert all(k["window_seen"] for k in kills if k["mode"] == "in the write -> commit window"), kills

@@ -42,7 +42,7 @@ def cmd_load(args: argparse.Namespace) -> int:
                          f"1 to {MAX_DAYS}")
     if not args.file.is_file():  # before Spark starts: a typo costs no JVM
         raise ValueError(f"indicator file {args.file} does not exist")
-    lake = Lake(Home.resolve(args.home).existing())
+    lake = Lake(Home.resolve(args.home).existing(or_landing=True))
     result = load(get_spark(app_name="seclake-intel", ui=False), lake, args.file, source=args.source,
                   valid_days=args.valid_days, sweep_days=args.sweep_days)
     print(f"loaded {result.indicators} indicator(s) from {args.file} into indicators v{result.version}",

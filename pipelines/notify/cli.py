@@ -43,7 +43,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
         raise ValueError("no destination: set notify_webhook_url (--set notify_webhook_url=https://...)")
     # Named for its role, not its URL: pointing the setting at a new webhook must not replay every old alert.
     destination = Destination("webhook", settings.notify_webhook_url, settings.notify_min_severity)
-    lake = Lake(Home.resolve(args.home).existing())  # before Spark starts: a mistyped --home costs no JVM
+    lake = Lake(Home.resolve(args.home).existing(or_landing=True))  # before Spark starts: a typo costs no JVM
     spark = get_spark(app_name="seclake-notify", ui=False)
     retry_dead = args.retry_dead
     while True:

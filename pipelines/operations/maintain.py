@@ -79,9 +79,10 @@ def maintain(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
             if dry_run or not isinstance(spark, SparkSession):
                 done.append(TableMaintenance(name, before))
             else:
-                compact(spark, path)
-                removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
-                write_log_checkpoint(spark, path)
+                with lake.home.commit_lock(name):  # `rules enable`, a backtest may commit meanwhile
+                    compact(spark, path)
+                    removed = vacuum(spark, path, retention_hours=settings.vacuum_retention_hours)
+                    write_log_checkpoint(spark, path)
                 done.append(TableMaintenance(name, before, file_stats(path), len(removed)))
             if on_table:
                 on_table(done[-1])

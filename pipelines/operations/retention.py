@@ -83,7 +83,8 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
         if old and not dry_run:
             from pipelines.lake.admin import delete_where
 
-            delete_where(spark, lake.path(name), condition)
+            with lake.home.commit_lock(name):  # `rules enable`, a backtest may commit meanwhile
+                delete_where(spark, lake.path(name), condition)
         steps.append(RetentionStep(name, cutoff, old, "rows"))
     landing_cut = _cutoff(settings.retention_landing_days, today)
     if landing_cut is None:

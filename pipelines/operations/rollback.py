@@ -356,11 +356,12 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
 
     for step in plan.tables:
         path = lake.path(step.table)
-        if step.target is None:
-            delete_all(spark, path)
-        elif step.target != step.current:
-            restore(spark, path, step.target)
-        set_transactions(spark, path, step.txn)
+        with lake.home.commit_lock(step.table):  # `rules enable`, a backtest may commit meanwhile
+            if step.target is None:
+                delete_all(spark, path)
+            elif step.target != step.current:
+                restore(spark, path, step.target)
+            set_transactions(spark, path, step.txn)
     for ck in plan.checkpoints:
         if ck.rewind_to is None:
             remove_tree(ck.path)

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
-from pipelines.rules.engine import rule_session
+from pipelines.rules.engine import retry_on_conflict, rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
 from pipelines.triage.suppressions import mark
@@ -235,10 +235,13 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
     try:
         lake.ensure(spark, ALERTS_TABLE)
-        fresh = mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake)
         # Its own writer id; the version only has to grow between runs.
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
-        result = sink.write_batch(fresh, int(datetime.now(timezone.utc).timestamp() * 1000))
+        batch_id = int(datetime.now(timezone.utc).timestamp() * 1000)
+        # The stream's rules application may commit alerts of the same day meanwhile: read again, append again.
+        result = retry_on_conflict(
+            lambda: sink.write_batch(mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake), batch_id),
+            f"the backtest of {rule.slug}")
         return found.count(), result.rows
     finally:
         found.unpersist()

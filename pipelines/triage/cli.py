@@ -106,7 +106,7 @@ def _spark_and_lake(args: argparse.Namespace):
     from pipelines.lake.registry import Lake
     from pipelines.spark import get_spark
 
-    lake = Lake(Home.resolve(args.home).existing())  # before Spark starts: a mistyped --home costs no JVM
+    lake = Lake(Home.resolve(args.home).existing(or_landing=True))  # before Spark starts: a typo costs no JVM
     return get_spark(app_name="seclake-alerts", ui=False), lake
 
 
