@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pipelines.home import Home
+from pipelines.settings import seconds_arg
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream = sub.add_parser("stream", help="run every query continuously until Ctrl-C/SIGTERM")
     _home_arg(stream)
     _settings_arg(stream)
-    stream.add_argument("--report-every", type=float, default=60.0, help="seconds between progress lines")
+    stream.add_argument("--report-every", type=seconds_arg, default=60.0, help="seconds between progress lines")
     stream.add_argument("--only", choices=("tables", "rules"), default=None,
                         help="run one part in this process: the ETL and attribution, or the rules (by default "
                              "the rules run in a Spark application of their own that this command starts)")

@@ -1,7 +1,9 @@
 """Stream settings with their defaults and the reasons for them; one object passed to every job."""
 from __future__ import annotations
 
+import argparse
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -31,6 +33,25 @@ def interval_seconds(value: str) -> int:
 
 
 # The whole-number settings that must be above 0 (the others may be 0: "none" or "keep everything").
+def seconds_arg(text: str) -> float:
+    """An argparse type: a number of seconds above zero (NaN and inf are not: a wait of NaN never ends).
+
+    >>> seconds_arg("2.5")
+    2.5
+    >>> seconds_arg("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: nan is not a number of seconds above zero
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above zero")
+    return seconds
+
+
 # Day counts a date can be taken back by: a cutoff before year 1 is Python's OverflowError.
 MAX_DAYS = 36_500
 RETENTION_DAYS = ("retention_landing_days", "retention_bronze_days", "retention_silver_days",

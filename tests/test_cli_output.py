@@ -274,6 +274,8 @@ def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, c
     (["alerts", "incidents", "--span", "inf"], "--span inf: give a positive number of hours"),
     (["notify", "--set", "notify_webhook_url=https://hooks.example/T0 B1"], "is not a valid URL"),
     (["cluster", "start", "--port", "70000"], "argument --port: 70000 is not a TCP port (1 to 65535)"),
+    (["stream", "--report-every", "nan"], "argument --report-every: nan is not a number of seconds above zero"),
+    (["notify", "--every", "30"], "--every 30 paces --follow's passes"),  # without --follow: it was ignored
 ])
 def test_out_of_range_input_is_refused_in_one_line_naming_it(tmp_path, args, named):
     # Each of these once ended in a Python traceback (an OverflowError, an InvalidURL, an AttributeError),

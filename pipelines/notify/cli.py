@@ -6,6 +6,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from pipelines.settings import seconds_arg
+
 Adder = Callable[[argparse.ArgumentParser], None]
 
 
@@ -24,7 +26,8 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg:
     notify.add_argument("--follow", action="store_true", help="keep going: deliver new alerts every --every seconds")
     notify.add_argument("--retry-dead", action="store_true",
                         help="on the first pass, also send again the alerts dead-lettered before")
-    notify.add_argument("--every", type=float, default=60.0, help="seconds between passes with --follow (default 60)")
+    notify.add_argument("--every", type=seconds_arg, default=None,
+                        help="seconds between passes with --follow (default 60)")
     home_arg(notify)
     settings_arg(notify)
     notify.set_defaults(func=cmd_notify)
@@ -38,6 +41,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from pipelines.settings import Settings, parse_assignments
     from pipelines.spark import get_spark
 
+    if args.every is not None and not args.follow:
+        raise ValueError(f"--every {args.every:g} paces --follow's passes: add --follow, or leave --every out")
     settings = Settings().with_overrides(parse_assignments(args.overrides))
     if not settings.notify_webhook_url:
         raise ValueError("no destination: set notify_webhook_url (--set notify_webhook_url=https://...)")
@@ -56,4 +61,4 @@ def cmd_notify(args: argparse.Namespace) -> int:
         print(f"{len(outcome.delivered)} alert(s) delivered, {len(outcome.dead)} dead-lettered", flush=True)
         if not args.follow:
             return 1 if outcome.dead else 0
-        time.sleep(args.every)
+        time.sleep(args.every or 60.0)
