@@ -222,13 +222,12 @@ def test_rules_status_read_by_delta_rs_exits_with_its_own_code_every_time(spark,
     # "terminate called without an active exception"); `pipelines.cli.run` leaves without it.
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.rules.health import RuleHealth
     from pipelines.rules.pack import scan_rules
     from pipelines.rules.status import RuleStatus, utc_now
 
     home = Home.resolve(tmp_path / "home").create()
     rule = scan_rules(REPO / "rules").rules[0]
-    RuleStatus(spark, Lake(home)).put(RuleHealth.fresh(rule.slug, rule.content_hash).failed(
+    RuleStatus(spark, Lake(home)).update(rule.slug, rule.content_hash, lambda h: h.failed(
         "boom", utc_now(), max_failures=3, retry_s=60))
     for _ in range(20):
         run = seclake("rules", "status", "--home", str(home.root), timeout=120)

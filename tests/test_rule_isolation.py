@@ -20,7 +20,15 @@ from pipelines.home import Home
 from pipelines.jobs import RULES_START_MAX_WAIT_SECONDS, RulesApp, tables_up
 from pipelines.lake.registry import Lake
 from pipelines.query import RunningQuery, StoppedQuery
-from pipelines.rules.engine import DIED, RUNNING_MARKER, IdleWriter, RuleManager, prepare_rules, stop_rule
+from pipelines.rules.engine import (
+    DIED,
+    RUNNING_MARKER,
+    IdleWriter,
+    RuleManager,
+    failure,
+    prepare_rules,
+    stop_rule,
+)
 from pipelines.rules.health import DISABLED, FAILING, INVALID, OK
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import validate_rule
@@ -114,11 +122,21 @@ def test_a_status_row_waits_while_another_process_commits_to_rule_status(spark, 
     # On object storage two drivers committing rule_status at one moment can lose a commit, and
     # `seclake rules enable` appends beside the stream's rules application: each takes the home's lock.
     status = RuleStatus(spark, lake)
-    status.put(status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0))
+    status.update("r", "hash", lambda h: h.failed("boom", utc_now(), max_failures=1, retry_s=0))
     log = lake.path(RULE_STATUS_TABLE) / "_delta_log"
     waits_for_lock(lake.home.root / "locks" / f"{RULE_STATUS_TABLE}.lock",
-                   lambda: status.put(status.get("r", "hash").enabled()), lambda: len(list(log.glob("*.json"))))
+                   lambda: status.update("r", "hash", lambda h: h.enabled()), lambda: len(list(log.glob("*.json"))))
     assert RuleStatus(spark, lake).get("r", "hash").state == OK
+
+
+def test_a_failure_counted_after_an_enable_from_another_process_starts_from_the_enable(spark, lake):
+    stream = RuleStatus(spark, lake)  # the stream's rules application
+    for _ in range(2):
+        stream.update("r", "hash", failure(QUICK, "boom"))
+    assert stream.get("r", "hash").state == DISABLED
+    RuleStatus(spark, lake).update("r", "hash", lambda h: h.enabled())  # `seclake rules enable` in its process
+    counted = stream.update("r", "hash", failure(QUICK, "boom again"))
+    assert (counted.state, counted.failures) == (FAILING, 1)  # not a third failure of the disabled run
 
 
 def test_a_batch_over_its_budget_is_stopped_and_counted(spark, tmp_path, lake):

@@ -230,7 +230,7 @@ def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdic
     # once it validates, instead of being held back until its file changes.
     rule = validate_rule(DGA)
     status = rule_status(spark, lake)
-    status.put(status.get(rule.slug, rule.content_hash).invalid("duplicate id (also in a_copy.sql)"))
+    status.update(rule.slug, rule.content_hash, lambda h: h.invalid("duplicate id (also in a_copy.sql)"))
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
     [ran] = run_all(spark, lake, [rule])
     assert ran.error is None and ran.note is None and ran.batches >= 1, ran.line()
@@ -382,11 +382,10 @@ def test_rule_health_is_read_by_spark_from_a_status_table_delta_rs_cannot_read_a
     from delta.tables import DeltaTable
 
     from pipelines.lake.log import read_columns
-    from pipelines.rules.health import RuleHealth
     from pipelines.rules.status import RuleStatus, recorded_health, utc_now
 
     status = RuleStatus(spark, lake)
-    status.put(RuleHealth.fresh("r", "hash").failed("boom", utc_now(), max_failures=3, retry_s=60))
+    status.update("r", "hash", lambda h: h.failed("boom", utc_now(), max_failures=3, retry_s=60))
     path = lake.path("rule_status")
     DeltaTable.forPath(spark, str(path)).addFeatureSupport("deletionVectors")
     with pytest.raises(LookupError, match="deletion vectors"):

@@ -319,14 +319,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_enable(args: argparse.Namespace) -> int:
-    from pipelines.rules.health import OK
+    from pipelines.rules.health import OK, RuleHealth
 
     rule = find_rule(args.rule, rules_folder(args))
-    status = _rule_status(args)
-    health = status.get(rule.slug, rule.content_hash)
-    if health.state == OK:
+    was: list[RuleHealth] = []  # the health the enable changed, read under the table's lock
+
+    def enable(health: RuleHealth) -> RuleHealth:
+        was.append(health)
+        return health if health.state == OK else health.enabled()
+
+    _rule_status(args).update(rule.slug, rule.content_hash, enable)
+    if was[0].state == OK:
         print(f"rule {rule.slug} is not disabled (state ok): nothing to do")
-        return 0
-    status.put(health.enabled())
-    print(f"rule {rule.slug} re-enabled (was {health.state} after {health.failures} failure(s): {health.reason})")
+    else:
+        print(f"rule {rule.slug} re-enabled (was {was[0].state} after {was[0].failures} failure(s): {was[0].reason})")
     return 0

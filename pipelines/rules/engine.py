@@ -178,9 +178,8 @@ class AlertWriter:
         if result is not None:
             stats.record(result)
         self.history.append(stats)
-        health = self.status.get(self.rule.slug, self.content_hash)
-        if health.state == FAILING:  # failures counted, or a suspect of a death (counted as 0 at most)
-            self.status.put(health.succeeded())
+        # Failures counted, or a suspect of a death (counted as 0 at most): cleared by a good batch.
+        self.status.update(self.rule.slug, self.content_hash, lambda h: h.succeeded() if h.state == FAILING else h)
         self._report_late()
 
     def _append(self, alerts: DataFrame, batch_id: int) -> tuple[int, CommitResult | None]:
@@ -241,9 +240,8 @@ class AlertWriter:
         elif self.marker.is_file() and self.marker.read_text() == "once":
             # Run-once runs a suspect of a death alone (`prepare_rules`): ending cleanly, with
             # batches or none, shows the death was not its doing.
-            health = self.status.get(self.rule.slug, self.content_hash)
-            if health.state == FAILING and health.reason == DIED:
-                self.status.put(health.succeeded())
+            self.status.update(self.rule.slug, self.content_hash,
+                               lambda h: h.succeeded() if h.state == FAILING and h.reason == DIED else h)
         self.marker.unlink(missing_ok=True)
 
 
@@ -430,7 +428,7 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
             if once and marker.read_text() == "once":
                 record_failure(status, settings, rule, DIED)
             marker.unlink()
-        health = status.put(deployed_health(status.get(rule.slug, rule.content_hash), lake, rule))
+        health = status.update(rule.slug, rule.content_hash, lambda h: deployed_health(h, lake, rule))
         if health.state == INVALID:
             # The file must change (a new version) before the rule can run: not a failure that
             # counts towards disabling it.
@@ -537,12 +535,13 @@ def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
               and marker.read_text() == kind]
     alone = kind == "once" and len(flying) == 1
     retry_s = 0.0 if kind == "once" else interval_seconds(settings.rule_retry)
-    for rule, marker in flying:
-        health = status.get(rule.slug, rule.content_hash)
+    def charge(health: RuleHealth) -> RuleHealth:  # a failure when it ran alone or was suspected already
         if alone or health.reason == DIED:
-            record_failure(status, settings, rule, DIED)
-        else:
-            status.put(health.suspected(DIED, utc_now(), max_failures=settings.rule_max_failures, retry_s=retry_s))
+            return failure(settings, DIED)(health)
+        return health.suspected(DIED, utc_now(), max_failures=settings.rule_max_failures, retry_s=retry_s)
+
+    for rule, marker in flying:
+        status.update(rule.slug, rule.content_hash, charge)
         marker.unlink()
     return [rule.slug for rule, _ in flying]
 
@@ -578,9 +577,13 @@ def clear_in_flight(lake: Lake) -> None:
 
 def record_failure(status: RuleStatus, settings: Settings, rule: Rule, reason: str) -> RuleHealth:
     """Count a run-time failure of `rule` in `rule_status`: back off, or disable it."""
-    health = status.get(rule.slug, rule.content_hash)
-    return status.put(health.failed(reason, utc_now(), max_failures=settings.rule_max_failures,
-                                    retry_s=interval_seconds(settings.rule_retry)))
+    return status.update(rule.slug, rule.content_hash, failure(settings, reason))
+
+
+def failure(settings: Settings, reason: str) -> Callable[[RuleHealth], RuleHealth]:
+    """A health's change for one more run-time failure for `reason`, under `settings`' back-off and limit."""
+    return lambda health: health.failed(reason, utc_now(), max_failures=settings.rule_max_failures,
+                                        retry_s=interval_seconds(settings.rule_retry))
 
 
 def held_back(health: RuleHealth) -> str:
@@ -655,7 +658,7 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
 def _start_invalid(path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
     content_hash = file_hash(path)
     status = rule_status(spark, lake)
-    status.put(status.get(path.stem, content_hash).invalid(reason))
+    status.update(path.stem, content_hash, lambda h: h.invalid(reason))
     return invalid_rule(query_name(path.stem), reason, content_hash)
 
 
@@ -767,9 +770,8 @@ class RuleManager:
             self._probing.discard(name)
             if probe is not None and isinstance(probe.writer, AlertWriter) and probe.query.isActive:
                 # It ran a trigger without taking the application down: cleared.
-                health = status.get(probe.writer.rule.slug, probe.writer.content_hash)
-                if health.reason == DIED:
-                    status.put(health.succeeded())
+                status.update(probe.writer.rule.slug, probe.writer.content_hash,
+                              lambda h: h.succeeded() if h.reason == DIED else h)
 
     def _deploy(self, start: Callable[[Rule], RunningQuery], plan: Callable[[Rule], str | None], lake: Lake,
                 valid: dict[str, Rule],
@@ -821,7 +823,7 @@ class RuleManager:
             result.invalid[name] = reason
             digest = file_hash(path)
             if name not in current:
-                status.put(status.get(path.stem, digest).invalid(reason))
+                status.update(path.stem, digest, functools.partial(RuleHealth.invalid, reason=reason))
             if self._logged.get(path) != digest:
                 self._logged[path] = digest
                 kept = " (its running version keeps running)" if name in current else ""

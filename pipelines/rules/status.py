@@ -85,8 +85,7 @@ class RuleStatus:
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     status = RuleStatus(spark, Lake(Home.resolve(tmp)))
-    ...     h = status.get("r", "hash").failed("boom", utc_now(), max_failures=1, retry_s=0)
-    ...     _ = status.put(h)
+    ...     _ = status.update("r", "hash", lambda h: h.failed("boom", utc_now(), max_failures=1, retry_s=0))
     ...     RuleStatus(spark, Lake(Home.resolve(tmp))).get("r", "hash").state
     'disabled'
     """
@@ -110,11 +109,13 @@ class RuleStatus:
         """The health of `rule` as deployed now (the file with `content_hash`)."""
         return health_of(self.all(), rule, content_hash)
 
-    def put(self, health: RuleHealth) -> RuleHealth:
-        """Record `health` unless it is what the table already says; return it. The table is read and
-        appended to under the home's `commit_lock`: `seclake rules enable` appends beside a stream."""
+    def update(self, rule: str, content_hash: str, change: Callable[[RuleHealth], RuleHealth]) -> RuleHealth:
+        """Record `change` of the health of `rule` (the file with `content_hash`) unless it changes
+        nothing; return the result. The table is read, `change` applied and the row appended under
+        the home's `commit_lock`: `seclake rules enable` appends beside a stream, so a failure counted
+        a moment later starts from the enable, not from the health read before it."""
         with self.lake.home.commit_lock(RULE_STATUS_TABLE):
-            return self._put(health)
+            return self._put(change(self.get(rule, content_hash)))
 
     def _put(self, health: RuleHealth) -> RuleHealth:
         before = self.all().get(health.rule)
