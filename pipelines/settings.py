@@ -32,7 +32,6 @@ def interval_seconds(value: str) -> int:
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-# The whole-number settings that must be above 0 (the others may be 0: "none" or "keep everything").
 def seconds_arg(text: str) -> float:
     """An argparse type: a number of seconds above zero (NaN and inf are not: a wait of NaN never ends).
 
@@ -54,8 +53,7 @@ def seconds_arg(text: str) -> float:
 
 # Day counts a date can be taken back by: a cutoff before year 1 is Python's OverflowError.
 MAX_DAYS = 36_500
-RETENTION_DAYS = ("retention_landing_days", "retention_bronze_days", "retention_silver_days",
-                  "retention_enriched_days", "retention_gold_days")
+# The whole-number settings that must be above 0 (the others may be 0: "none" or "keep everything").
 _LEAST = {name: 1 for name in ("max_bytes_per_trigger", "max_offsets_per_trigger", "rule_max_failures",
                                "state_partitions", "stages_at_once", "checkpoint_interval", "notify_max_attempts")}
 
@@ -184,9 +182,9 @@ class Settings:
             value, least = getattr(self, f.name), _LEAST.get(f.name, 0)
             if isinstance(value, int) and value < least:
                 raise ValueError(f"setting {f.name}={value}: must be {least} or more")
-        for name in RETENTION_DAYS:  # a cutoff before year 1 would fail in a delete, after the deletes before it
-            if getattr(self, name) > MAX_DAYS:
-                raise ValueError(f"setting {name}={getattr(self, name)}: must be at most {MAX_DAYS} "
+            # A retention's cutoff before year 1 would fail in a delete, after the deletes before it.
+            if f.name.endswith("_days") and value > MAX_DAYS:
+                raise ValueError(f"setting {f.name}={value}: must be at most {MAX_DAYS} "
                                  "(100 years; 0 keeps everything)")
         if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
             raise ValueError(f"setting rules_niceness={self.rules_niceness}: must be 0 to 19")

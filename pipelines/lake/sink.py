@@ -183,8 +183,8 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
 
 
 def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int, tag: str,
-            partition_by: list[str], *, empty_commits: bool = False,
-            commit_lock: Callable[[], AbstractContextManager[None]] = nullcontext) -> tuple[int | None, int]:
+            partition_by: list[str], *, empty_commits: bool,
+            commit_lock: Callable[[], AbstractContextManager[None]]) -> tuple[int | None, int]:
     """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows), or
     (None, 0) when `df` had no row and nothing was committed (unless `empty_commits`: a new table).
 
