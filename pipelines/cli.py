@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pipelines.home import Home
-from pipelines.settings import seconds_arg
+from pipelines.settings import command_settings, seconds_arg
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,12 +27,6 @@ def _settings_arg(parser: argparse.ArgumentParser, example: str = "trigger_inter
                         help=f"override a setting, e.g. --set {example} (see pipelines/settings.py)")
 
 
-def _settings(args: argparse.Namespace):
-    from pipelines.settings import Settings, parse_assignments
-
-    return Settings().with_overrides(parse_assignments(args.overrides))
-
-
 def _lake(args: argparse.Namespace):
     from pipelines.lake.registry import Lake
 
@@ -43,8 +37,6 @@ def _use_rules(args: argparse.Namespace) -> None:
     """`--rules DIR` as `$SECLAKE_RULES` for this process and those it starts (the stream's rules
     application): every stage list and rule lookup reads the pack from there."""
     if args.rules is not None:
-        if not args.rules.is_dir():
-            raise ValueError(f"--rules {args.rules}: no such folder")
         os.environ["SECLAKE_RULES"] = str(args.rules.resolve())
 
 
@@ -62,7 +54,7 @@ def cmd_run_once(args: argparse.Namespace) -> int:
         raise ValueError(f"--only {', '.join(unknown)}: no such stage; the stages are {', '.join(names)}")
     fresh = not Home.resolve(args.home).root.exists()
     lake = _lake(args)
-    settings = _settings(args)
+    settings = command_settings(args.command, args.overrides)
     # Said, since a mistyped --home otherwise looks like a home with nothing new.
     print(f"seclake run-once: home {lake.home.root}" + (f" (new: it did not exist; sensor logs go in "
                                                         f"{lake.home.landing})" if fresh else ""), file=sys.stderr)
@@ -96,7 +88,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     # The home in the name: a cluster's UI lists every home's applications side by side.
     app = "seclake-rules" if args.only == "rules" else "seclake-stream"
     spark = get_spark(app_name=f"{app} {lake.home.root}", ignore_ctrl_c=child)
-    settings = _settings(args)
+    settings = command_settings(args.command, args.overrides)
     name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
     stop = "SIGTERM" if child else "Ctrl-C"
     print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; {stop} to stop",

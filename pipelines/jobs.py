@@ -32,7 +32,7 @@ from pipelines.query import (
     report,
     stop_between_batches,
 )
-from pipelines.settings import Settings
+from pipelines.settings import READ_ONLY_BY, Settings
 from pipelines.stages import (
     StageError,
     idle,
@@ -357,8 +357,10 @@ class RulesApp:
 
     def command(self) -> list[str]:
         """The child's command line: this interpreter, the parent's home and changed settings."""
+        # Not another command's own settings (a Dagster run's config may hold them): the child refuses those.
         changed = [f"{f.name}={getattr(self.settings, f.name)}" for f in dataclasses.fields(Settings)
-                   if getattr(self.settings, f.name) != getattr(Settings(), f.name)]
+                   if getattr(self.settings, f.name) != getattr(Settings(), f.name)
+                   and not f.name.startswith(tuple(READ_ONLY_BY))]
         return [sys.executable, "-m", "pipelines.cli", "stream", "--only", "rules",
                 "--home", str(self.lake.home.root), "--report-every", str(self.report_every),
                 *[arg for assignment in changed for arg in ("--set", assignment)]]

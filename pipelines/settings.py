@@ -241,6 +241,36 @@ INTERVALS: tuple[str, ...] = tuple(f.name for f in fields(Settings) if isinstanc
                                    and INTERVAL.fullmatch(f.default))
 
 
+# Settings that one command alone reads, by name prefix: a `--set` of one elsewhere would change nothing.
+READ_ONLY_BY = {"vacuum_": "maintain", "retention_": "retention", "notify_": "notify"}
+
+
+def command_settings(command: str, items: list[str]) -> Settings:
+    """The settings `seclake <command>` runs with, given its `--set NAME=VALUE` items; ValueError
+    names a bad item, or a setting that the command never reads (`READ_ONLY_BY`).
+
+    >>> command_settings("retention", ["retention_bronze_days=90"]).retention_bronze_days
+    90
+    >>> command_settings("maintain", ["retention_bronze_days=90"])
+    Traceback (most recent call last):
+    ...
+    ValueError: setting retention_bronze_days: seclake maintain does not read it (seclake retention does)
+    >>> command_settings("run-once", ["vacuum_retention_hours=24"])
+    Traceback (most recent call last):
+    ...
+    ValueError: setting vacuum_retention_hours: seclake run-once does not read it (seclake maintain does)
+    """
+    overrides = parse_assignments(items)
+    settings = Settings().with_overrides(overrides)  # an unknown name is named first
+    owned = set(READ_ONLY_BY.values())
+    for name in overrides:
+        reader = next((cmd for prefix, cmd in READ_ONLY_BY.items() if name.startswith(prefix)), None)
+        if reader != command and (reader is not None or command in owned):
+            raise ValueError(f"setting {name}: seclake {command} does not read it"
+                             + (f" (seclake {reader} does)" if reader else ""))
+    return settings
+
+
 def parse_assignments(items: list[str]) -> dict[str, str]:
     """`NAME=VALUE` strings (the CLI's repeated `--set`) -> {NAME: VALUE}; ValueError names a bad one.
 

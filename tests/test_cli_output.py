@@ -275,6 +275,14 @@ def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, c
     (["cluster", "start", "--port", "70000"], "argument --port: 70000 is not a TCP port (1 to 65535)"),
     (["stream", "--report-every", "nan"], "argument --report-every: nan is not a number of seconds above zero"),
     (["notify", "--every", "30"], "--every 30 paces --follow's passes"),  # without --follow: it was ignored
+    # A typo saved a suppression that matched nothing, silently.
+    (["suppress", "add", "--rule", "seclake.rule_disabld", "--ip", "10.0.0.5", "--reason", "lab"],
+     "no platform rule 'seclake.rule_disabld'; did you mean 'seclake.rule_disabled'?"),
+    # Read as a pack of no rules: the commits' rule column was left out, silently.
+    (["history", "alerts", "--rules", "/no/such/rules"], "argument --rules: /no/such/rules: no such folder"),
+    # Accepted, and changed nothing: retention's setting given to maintain.
+    (["maintain", "--dry-run", "--set", "retention_bronze_days=90"],
+     "setting retention_bronze_days: seclake maintain does not read it (seclake retention does)"),
 ])
 def test_out_of_range_input_is_refused_in_one_line_naming_it(tmp_path, args, named):
     # Each of these once ended in a Python traceback (an OverflowError, an InvalidURL, an AttributeError),

@@ -33,8 +33,7 @@ from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import ObjectPath, storage_options
-from pipelines.rules.status import PLATFORM_RULE_ID
-from pipelines.rules.tables import PLATFORM_RULE_PREFIX
+from pipelines.rules.tables import PLATFORM_RULE_PREFIX, RULE_DISABLED_ID
 from pipelines.settings import Settings
 from sample_data.generator import generate
 
@@ -860,7 +859,7 @@ def _check_bad_rules_outcome(home: Home, reference: Home, expected: dict[str, st
     assert all(state == "ok" for slug, (state, _) in states.items() if slug not in expected), states
     platform = read_columns(home.table("alerts"), ["rule_id", "rule_name"])
     disabled = {n.removeprefix("Rule disabled: ") for r, n in zip(platform["rule_id"], platform["rule_name"])
-                if r == PLATFORM_RULE_ID}
+                if r == RULE_DISABLED_ID}
     wanted = {s for s, why in expected.items() if why != "invalid"}
     assert disabled == wanted, disabled
     compare_with_reference(home, reference, exact=(*etl.etl_tables(), "enriched_conn", "enriched_dns",

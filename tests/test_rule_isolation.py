@@ -32,7 +32,8 @@ from pipelines.rules.engine import (
 from pipelines.rules.health import DISABLED, FAILING, INVALID, OK
 from pipelines.rules.pack import default_rules_dir, scan_rules
 from pipelines.rules.spec import validate_rule
-from pipelines.rules.status import PLATFORM_RULE_ID, RULE_STATUS_TABLE, RuleStatus, utc_now
+from pipelines.rules.status import RULE_STATUS_TABLE, RuleStatus, utc_now
+from pipelines.rules.tables import RULE_DISABLED_ID
 from pipelines.settings import Settings
 from test_rules_engine import DGA, HOST_A, append, dga_burst, run_all, wait_for
 
@@ -90,10 +91,10 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
 
     # One platform alert says which rule stopped detecting; the DGA alert is still the only other one.
     rows = lake.read(spark, "alerts").collect()
-    platform = [a for a in rows if a.rule_id == PLATFORM_RULE_ID]
+    platform = [a for a in rows if a.rule_id == RULE_DISABLED_ID]
     assert len(platform) == 1 and platform[0].rule_name == "Rule disabled: casts_names_to_int"
     assert platform[0].severity == "high" and "CAST_INVALID_INPUT" in platform[0].evidence
-    assert [a.rule_id for a in rows if a.rule_id != PLATFORM_RULE_ID] == [good.id]
+    assert [a.rule_id for a in rows if a.rule_id != RULE_DISABLED_ID] == [good.id]
 
     # Dagster's `rule_enabled` check on the rule's asset fails, naming the reason.
     checks = rule_enabled_checks([good, bad])
@@ -229,6 +230,18 @@ def test_the_rules_application_starts_once_the_tables_are_up_or_after_the_wait(t
         assert os.getpriority(os.PRIO_PROCESS, app.proc.pid) == min(ours + Settings().rules_niceness, 19)
 
 
+def test_the_rules_application_is_given_the_settings_it_reads_and_takes_them(lake):
+    """A Dagster run's config may change another command's setting (notify_min_severity): passed on
+    as `--set`, the child would refuse it and the rules would never start."""
+    from pipelines.settings import command_settings
+
+    settings = Settings().with_overrides({"trigger_interval": "5 seconds", "notify_min_severity": "critical"})
+    command = RulesApp(lake, settings, 60.0).command()
+    items = [command[i + 1] for i, arg in enumerate(command) if arg == "--set"]
+    assert items == ["trigger_interval=5 seconds"], command
+    assert command_settings("stream", items).trigger_interval == "5 seconds"
+
+
 def test_the_tables_are_up_once_every_running_query_has_finished_a_trigger(spark, tmp_path):
     """What the rules' application waits for: a stage without a query (the stream's end_of_input)
     must not hold it back for the whole RULES_START_MAX_WAIT_SECONDS."""
@@ -311,7 +324,7 @@ def test_the_stream_retries_a_rule_whose_start_fails_and_keeps_a_rule_edited_und
 
         # Retried after its back-off (a start that fails counts like a failure at run time), then disabled.
         assert wait_for(disabled, 180)
-        platform = [a for a in lake.read(spark, "alerts").collect() if a.rule_id == PLATFORM_RULE_ID]
+        platform = [a for a in lake.read(spark, "alerts").collect() if a.rule_id == RULE_DISABLED_ID]
         assert [a.rule_name for a in platform] == ["Rule disabled: unknown_function"], platform
         assert "UNRESOLVED_ROUTINE" in platform[0].evidence
 

@@ -19,7 +19,6 @@ from pipelines.lake.sink import DeltaSink
 from pipelines.query import StoppedQuery, report
 from pipelines.rules.backtest import backtest, write_missing
 from pipelines.rules.engine import (
-    LATE_ROWS_RULE_ID,
     MissingInputError,
     RuleManager,
     claim_checkpoint,
@@ -28,7 +27,7 @@ from pipelines.rules.engine import (
     stop_rule,
 )
 from pipelines.rules.spec import RuleError, validate_rule
-from pipelines.rules.tables import ALERTS_TABLE, table_schema
+from pipelines.rules.tables import ALERTS_TABLE, RULE_LATE_ROWS_ID, table_schema
 from pipelines.rules.testing import expand_rows
 from pipelines.settings import Settings
 
@@ -331,7 +330,7 @@ def test_a_rule_holds_its_watermark_for_the_rows_attribution_has_still_to_write(
     assert second.error is None and second.late_rows == 0 and second.rows_out.get(ALERTS_TABLE) == 1
     found = {a.src_ip: str(a.window_start) for a in alerts(spark, lake) if a.rule_id == rule.id}
     assert found == {"10.0.1.14": "2026-11-20 09:40:00", "10.0.1.11": "2026-11-20 10:00:00"}, found
-    assert not [a for a in alerts(spark, lake) if a.rule_id == LATE_ROWS_RULE_ID]
+    assert not [a for a in alerts(spark, lake) if a.rule_id == RULE_LATE_ROWS_ID]
 
 
 def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_once(spark, lake):
@@ -348,7 +347,7 @@ def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_onc
     [second] = run_all(spark, lake, [rule], settings)
     assert second.error is None and second.late_rows >= 1 and not second.rows_out.get(ALERTS_TABLE)
     # Not silent: a platform alert names the rule and the rows its watermark dropped.
-    [notice] = [a for a in alerts(spark, lake) if a.rule_id == LATE_ROWS_RULE_ID]
+    [notice] = [a for a in alerts(spark, lake) if a.rule_id == RULE_LATE_ROWS_ID]
     assert notice.rule_name == f"Rule dropped late rows: {rule.slug}", notice.rule_name
     assert json.loads(notice.details)["late_rows"] == second.late_rows
     assert "older than its watermark 2026-11-20 11:50:00 UTC" in notice.evidence, notice.evidence

@@ -38,12 +38,12 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from pipelines.lake.registry import Lake
     from pipelines.notify.delivery import Destination
     from pipelines.notify.outbox import notify
-    from pipelines.settings import Settings, parse_assignments
+    from pipelines.settings import command_settings
     from pipelines.spark import get_spark
 
     if args.every is not None and not args.follow:
         raise ValueError(f"--every {args.every:g} paces --follow's passes: add --follow, or leave --every out")
-    settings = Settings().with_overrides(parse_assignments(args.overrides))
+    settings = command_settings("notify", args.overrides)
     if not settings.notify_webhook_url:
         raise ValueError("no destination: set notify_webhook_url (--set notify_webhook_url=https://...)")
     # Named for its role, not its URL: pointing the setting at a new webhook must not replay every old alert.

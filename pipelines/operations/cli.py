@@ -6,6 +6,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pipelines.settings import command_settings
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -81,7 +83,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from pipelines.operations.maintain import MAINTENANCE_COLUMNS, maintain
     from pipelines.terminal import Progress, print_table
 
-    lake = _lake(args)
+    lake, settings = _lake(args), command_settings("maintain", args.overrides)  # refused before Spark starts
     with Progress("maintain", total=len([n for n in lake.names() if lake.exists(n)])) as progress:
         def start_spark() -> SparkSession:
             from pipelines.spark import get_spark
@@ -89,7 +91,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             progress.working_on("starting Spark")
             return get_spark(app_name="seclake-maintain")
 
-        done = maintain(None if args.dry_run else start_spark, lake, _settings_of(args), dry_run=args.dry_run,
+        done = maintain(None if args.dry_run else start_spark, lake, settings, dry_run=args.dry_run,
                         on_table=lambda step: progress.step(step.line()))
     print_table(MAINTENANCE_COLUMNS, [step.cells() for step in done])
     return 0
@@ -99,13 +101,8 @@ def cmd_retention(args: argparse.Namespace) -> int:
     from pipelines.operations.retention import apply_retention
     from pipelines.spark import get_spark
 
-    lake, settings = _lake(args), _settings_of(args)  # bad input refused before Spark starts
+    lake, settings = _lake(args), command_settings("retention", args.overrides)  # refused before Spark starts
     for step in apply_retention(lambda: get_spark(app_name="seclake-retention"), lake, settings, dry_run=args.dry_run):
         print(step.line(args.dry_run))
     return 0
 
-
-def _settings_of(args: argparse.Namespace):
-    from pipelines.settings import Settings, parse_assignments
-
-    return Settings().with_overrides(parse_assignments(args.overrides))

@@ -83,8 +83,21 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
 
 def rules_dir_arg(parser: argparse.ArgumentParser) -> None:
     """Add `--rules DIR` (the rule pack to use) to a command that names or loads rules."""
-    parser.add_argument("--rules", type=Path, default=None,
+    parser.add_argument("--rules", type=_folder, default=None,
                         help="rules folder (default: $SECLAKE_RULES or the repository's rules/)")
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: an existing folder (a mistyped one would read as a pack of no rules).
+
+    >>> _folder("/no/such/rules")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: /no/such/rules: no such folder
+    """
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder")
+    return Path(text)
 
 
 def rules_folder(args: argparse.Namespace) -> Path:

@@ -70,7 +70,7 @@ from pipelines.rules.status import (
     rule_status,
     utc_now,
 )
-from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE, lookup_view, table_path
+from pipelines.rules.tables import ALERTS_TABLE, RULE_LATE_ROWS_ID, RULE_STATUS_TABLE, lookup_view, table_path
 from pipelines.settings import Settings, interval_seconds
 from pipelines.triage.suppressions import mark
 
@@ -85,7 +85,6 @@ DIED = "the Spark application stopped while this rule ran (out of memory, or kil
 CONFLICT = "DELTA_CONCURRENT_APPEND"
 CONFLICT_ATTEMPTS = 5
 # The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
-LATE_ROWS_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_late_rows"
 T = TypeVar("T")
 
 
@@ -202,7 +201,7 @@ class AlertWriter:
             return
         rows = []
         for batch in late:
-            key = f"{LATE_ROWS_RULE_ID}\x1f{self.app_id}\x1f{batch.batch_id}"
+            key = f"{RULE_LATE_ROWS_ID}\x1f{self.app_id}\x1f{batch.batch_id}"
             alert_id = hashlib.sha256(key.encode()).hexdigest()[:32]
             older = f"older than its watermark {batch.watermark:%Y-%m-%d %H:%M:%S} UTC" if batch.watermark else "late"
             summary = (f"rule {self.rule.slug} dropped {batch.rows:,} row(s) of {', '.join(self.rule.tables)} {older} "
@@ -210,11 +209,11 @@ class AlertWriter:
                        f"`seclake rules backtest {self.rule.slug} --from DAY --to DAY --write`")
             details = json.dumps({"rule": self.rule.slug, "batch": batch.batch_id, "late_rows": batch.rows,
                                   "watermark": batch.watermark.isoformat() if batch.watermark else None})
-            rows.append(platform_alert(alert_id, LATE_ROWS_RULE_ID, f"Rule dropped late rows: {self.rule.slug}",
+            rows.append(platform_alert(alert_id, RULE_LATE_ROWS_ID, f"Rule dropped late rows: {self.rule.slug}",
                                        "medium", summary, details, utc_now()))
         # Its own ids: a batch replayed after a crash reports the same drops under the same id.
         frame = platform_alerts(self._spark, self.lake, rows)
-        retry_on_conflict(lambda: append_platform_alerts(self.lake, unseen(frame, self.alerts_path, LATE_ROWS_RULE_ID)),
+        retry_on_conflict(lambda: append_platform_alerts(self.lake, unseen(frame, self.alerts_path, RULE_LATE_ROWS_ID)),
                           f"rule {self.rule.slug}: its late-rows alert")
         log.warning("rule %s: %s", self.rule.slug, "; ".join(f"{b.rows:,} late row(s) dropped in micro-batch "
                                                               f"{b.batch_id}" for b in late))

@@ -23,11 +23,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import delta_errors
 from pipelines.rules.health import DISABLED, RuleHealth
-from pipelines.rules.tables import ALERTS_TABLE, PLATFORM_RULE_PREFIX, RULE_STATUS_TABLE
+from pipelines.rules.tables import ALERTS_TABLE, RULE_DISABLED_ID, RULE_STATUS_TABLE
 
 log = logging.getLogger("seclake.rules")
 
-PLATFORM_RULE_ID = f"{PLATFORM_RULE_PREFIX}rule_disabled"
 
 
 def utc_now() -> datetime:
@@ -144,10 +143,10 @@ class RuleStatus:
 
     def _platform_alert(self, health: RuleHealth, now: datetime) -> None:
         """An alert in `alerts` saying which rule stopped detecting and why."""
-        alert_id = hashlib.sha256(f"{PLATFORM_RULE_ID}\x1f{health.rule}\x1f{now.isoformat()}".encode()).hexdigest()[:32]
+        alert_id = hashlib.sha256(f"{RULE_DISABLED_ID}\x1f{health.rule}\x1f{now.isoformat()}".encode()).hexdigest()[:32]
         details = json.dumps({"rule": health.rule, "failures": health.failures, "reason": health.reason})
         frame = platform_alerts(self.spark, self.lake, [
-            platform_alert(alert_id, PLATFORM_RULE_ID, f"Rule disabled: {health.rule}", "high",
+            platform_alert(alert_id, RULE_DISABLED_ID, f"Rule disabled: {health.rule}", "high",
                            f"rule {health.rule} stopped detecting: {health.reason}", details, now)])
         append_platform_alerts(self.lake, frame)
 

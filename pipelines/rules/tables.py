@@ -13,6 +13,9 @@ RULE_STATUS_TABLE = "rule_status"
 # rule_id prefix of platform alerts (a rule disabled, rows a rule dropped): in `alerts` where analysts
 # look, but about seclake itself, so incidents and precision leave them out.
 PLATFORM_RULE_PREFIX = "seclake."
+RULE_DISABLED_ID = f"{PLATFORM_RULE_PREFIX}rule_disabled"
+RULE_LATE_ROWS_ID = f"{PLATFORM_RULE_PREFIX}rule_late_rows"
+PLATFORM_RULE_IDS = (RULE_DISABLED_ID, RULE_LATE_ROWS_ID)
 
 
 def readable_tables() -> dict[str, StructType]:

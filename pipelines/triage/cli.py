@@ -3,6 +3,7 @@ the analyst's queue (docs/triage.md)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import getpass
 import sys
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from pathlib import Path
 from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
 from pipelines.rules.pack import rule_names
 from pipelines.rules.spec import RuleError
-from pipelines.rules.tables import PLATFORM_RULE_PREFIX
+from pipelines.rules.tables import PLATFORM_RULE_IDS, PLATFORM_RULE_PREFIX
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
@@ -120,9 +121,16 @@ def rule_id(name: str, rules_dir: Path) -> str:
     >>> rule_id("port_scan", RULES_DIR)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ValueError: no rule 'port_scan' in ...; did you mean 'internal_port_scan'? rules: c2_beaconing, ...
+    >>> rule_id("seclake.rule_disabld", RULES_DIR)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: no platform rule 'seclake.rule_disabld'; did you mean 'seclake.rule_disabled'? platform rules: ...
     """
     if name.startswith(PLATFORM_RULE_PREFIX):
-        return name
+        if name in PLATFORM_RULE_IDS:
+            return name
+        close = difflib.get_close_matches(name, PLATFORM_RULE_IDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"no platform rule {name!r}; {hint}platform rules: {', '.join(PLATFORM_RULE_IDS)}")
     try:
         return find_rule(name, rules_dir).id
     except RuleError:
