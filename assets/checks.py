@@ -33,6 +33,7 @@ from pipelines import environment
 from pipelines.lake.registry import Lake
 from pipelines.parsers.sources import silver_feeds
 from pipelines.query import Stage
+from pipelines.settings import MAX_DAYS
 from pipelines.stages import own_tables
 
 QUALITY_LAYERS = ("silver", "enriched")
@@ -43,15 +44,21 @@ def _default_max_ratio() -> float:
     return environment.max_quarantine_ratio(0.05)
 
 
+# The windows' bounds: a window below them selects no row (a future date, an empty range) and the
+# check passes on nothing; one above them overflows the date it starts from (pipelines.settings.MAX_DAYS).
 class ExpectationsConfig(Config):
     engine: str = Field(default="auto", description="auto | spark | pandas (auto: pandas up to 200k rows)")
-    window_days: int | None = Field(default=None, description="validate only the last N event dates; None: all")
+    window_days: int | None = Field(default=None, ge=0, le=MAX_DAYS,
+                                    description=f"validate only the last N event dates (0: today; at most "
+                                                f"{MAX_DAYS}); None: all")
 
 
 class QuarantineRatioConfig(Config):
     max_ratio: float = Field(default_factory=_default_max_ratio,
                              description="largest allowed quarantined / (good + quarantined) per source")
-    window_hours: float | None = Field(default=24.0, description="count lines ingested in the last N hours; None: all")
+    window_hours: float | None = Field(default=24.0, gt=0, le=MAX_DAYS * 24, allow_inf_nan=False,
+                                       description=f"count lines ingested in the last N hours (above 0, at most "
+                                                   f"{MAX_DAYS * 24}); None: all")
 
 
 def _describe(text: str, limit: int = 1500) -> str:

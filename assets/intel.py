@@ -22,6 +22,7 @@ from pydantic import Field
 from assets.automation import active_lake_run, landing_files, new_files
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, table_key, table_state
+from pipelines.settings import MAX_DAYS
 
 INTEL_JOB = "intel_load_job"
 
@@ -29,7 +30,10 @@ INTEL_JOB = "intel_load_job"
 class IntelConfig(Config):
     file: str = Field(description="the feed to load: a plain list, CSV or STIX 2.1 bundle of IPs and domains")
     source: str | None = Field(default=None, description="the feed's name (default: the file name)")
-    sweep_days: int = Field(default=90, description="days of history searched for matches")
+    # As `seclake intel load --sweep-days`: a negative count swept the future (0 alerts, reported a
+    # success), and one past MAX_DAYS overflowed the date after the indicators' MERGE had committed.
+    sweep_days: int = Field(default=90, ge=1, le=MAX_DAYS,
+                            description=f"days of history searched for matches, 1 to {MAX_DAYS}")
 
 
 @op(pool=LAKE_POOL, description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
@@ -38,7 +42,8 @@ def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: Spa
     from pipelines.intel.store import INDICATORS_TABLE, load
     from pipelines.rules.tables import ALERTS_TABLE
 
-    result = load(spark.session, lake.lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
+    the_lake = lake.existing_lake(or_landing=True)  # as `seclake intel load`: a mistyped home is not a new one
+    result = load(spark.session, the_lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
     context.log.info(f"{result.indicators} indicator(s) loaded, {result.alerts} new alert(s) from the sweep")
     if result.skipped:
         context.log.warning(f"{config.file}: {skipped_summary(result.skipped)}")
@@ -46,14 +51,14 @@ def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: Spa
         asset_key=table_key(INDICATORS_TABLE), description=f"loaded from {config.file}",
         # The table's state (`table_version` ...) as every table materialisation has it: table_state_sensor
         # then finds this version recorded.
-        metadata={**table_state(lake.lake, INDICATORS_TABLE), "version": result.version,
+        metadata={**table_state(the_lake, INDICATORS_TABLE), "version": result.version,
                   "indicators_in_file": result.indicators,
                   "skipped_lines": len(result.skipped), "new_alerts": result.alerts,
                   "sweep_rules": ", ".join(result.rules)}))
     if result.alerts:
         context.log_event(AssetMaterialization(
             asset_key=table_key(ALERTS_TABLE), description=f"{result.alerts} alert(s) from the sweep of {config.file}",
-            metadata={**table_state(lake.lake, ALERTS_TABLE), "new_alerts": result.alerts}))
+            metadata={**table_state(the_lake, ALERTS_TABLE), "new_alerts": result.alerts}))
 
 
 @job(name=INTEL_JOB, executor_def=in_process_executor, tags={"seclake/mode": "intel"},

@@ -47,8 +47,16 @@ def run_once_job_def():
 
 
 class StreamConfig(Config):
-    report_every_s: float = Field(default=60.0, description="log progress and record materialisations this often")
-    cancel_poll_s: float = Field(default=2.0, description="how often to look for a termination request")
+    # report_every_s also goes to the rules' child process as --report-every, which refuses anything
+    # but a finite number above 0: that child would be restarted forever and no rule ever run.
+    # A poll of 0, less or NaN spins on the instance's run storage; inf kills the watcher (OverflowError),
+    # and a termination request then goes unseen.
+    report_every_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False,
+                                  description="log progress and record materialisations this often "
+                                              "(seconds, above 0, at most a day)")
+    cancel_poll_s: float = Field(default=2.0, gt=0, le=3_600, allow_inf_nan=False,
+                                 description="how often to look for a termination request (seconds, above 0, "
+                                             "at most an hour)")
 
 
 def _watch_for_termination(instance, run_id: str, stop: threading.Event, done: threading.Event,

@@ -29,9 +29,10 @@ RETENTION_JOB = "retention_job"
 def maintain_tables(context: OpExecutionContext, spark: SparkResource, lake: LakeResource) -> None:
     from pipelines.operations.maintain import maintain
 
+    the_lake = lake.existing_lake()  # as `seclake maintain`: a mistyped home is not maintained as an empty one
     try:
         # Each table said as it is done: a home's maintenance takes minutes.
-        maintain(lambda: spark.session, lake.lake, lake.stream_settings,
+        maintain(lambda: spark.session, the_lake, lake.stream_settings,
                  on_table=lambda step: context.log.info(step.line()))
     except (ValueError, RuntimeError) as exc:
         raise Failure(description=str(exc)) from exc
@@ -41,8 +42,9 @@ def maintain_tables(context: OpExecutionContext, spark: SparkResource, lake: Lak
 def apply_retention(context: OpExecutionContext, spark: SparkResource, lake: LakeResource) -> None:
     from pipelines.operations.retention import apply_retention as apply
 
+    the_lake = lake.existing_lake()  # as `seclake retention`: a mistyped home is not aged out as an empty one
     try:
-        steps = apply(lambda: spark.session, lake.lake, lake.stream_settings)
+        steps = apply(lambda: spark.session, the_lake, lake.stream_settings)
     except (ValueError, RuntimeError) as exc:
         raise Failure(description=str(exc)) from exc
     for step in steps:

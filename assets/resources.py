@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field, PrivateAttr
+from dagster import ConfigurableResource, Failure, InitResourceContext
+from pydantic import Field, PrivateAttr, field_validator
 
 from pipelines import environment
 from pipelines.home import Home
@@ -77,14 +77,37 @@ class LakeResource(ConfigurableResource):
         default_factory=dict,
         description="overrides of pipelines/settings.py, e.g. {max_bytes_per_trigger: '67108864'}")
 
+    @field_validator("settings")
+    @classmethod
+    def _settings_apply(cls, settings: dict[str, str]) -> dict[str, str]:
+        # Refused as the resource is configured, before any op: raised inside an op, the assets' retry
+        # policy would try it three more times, and a bad name or number fails the same way each time.
+        Settings().with_overrides(settings)
+        return settings
+
     @property
     def lake(self) -> Lake:
         return Lake(Home.resolve(self.home))
 
+    def existing_lake(self, *, or_landing: bool = False) -> Lake:
+        """`lake`, when its home was written before (`Home.existing`, as the CLI's commands on a
+        home); else a Failure naming the folder, not retried: a mistyped `home` or an unset
+        `$SECLAKE_HOME` would otherwise be maintained, swept or read as a new, empty home.
+
+        >>> LakeResource(home="/nonexistent").existing_lake()  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        dagster._core.definitions.events.Failure: /nonexistent is not a seclake home (no tables/ folder); ...
+        """
+        try:
+            return Lake(Home.resolve(self.home).existing(or_landing=or_landing))
+        except ValueError as exc:  # also a home that recorded another lake (Home.resolve)
+            raise Failure(description=str(exc), allow_retries=False) from None
+
     @property
     def stream_settings(self) -> Settings:
         """`Settings` with the overrides applied; values are converted to each setting's type."""
-        return Settings().with_overrides(self.settings)  # ValueError names unknown settings
+        return Settings().with_overrides(self.settings)  # checked when configured: `_settings_apply`
 
 
 ENVIRONMENTS = ("local", "ci")

@@ -17,7 +17,8 @@ from pipelines.triage.store import TRIAGE_TABLE
        kinds={"spark", "delta"}, metadata=table_definition_metadata(INCIDENTS_TABLE), pool=LAKE_POOL,
        retry_policy=RETRY_POLICY, tags={"seclake/layer": Lake.spec(INCIDENTS_TABLE).layer})
 def incidents(context: AssetExecutionContext, spark: SparkResource, lake: LakeResource) -> MaterializeResult:
-    the_lake = lake.lake
+    # As `seclake alerts incidents`: a mistyped home would get an empty incidents table, reported a success.
+    the_lake = lake.existing_lake(or_landing=True)
     done = refresh(lambda: spark.session, the_lake)
     context.log.info(f"{done.incidents} incident(s) written as incidents v{done.version}" if done.written else
                      f"alerts and alert_triage unchanged since incidents v{done.version} "
