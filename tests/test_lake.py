@@ -143,6 +143,19 @@ def test_two_writers_with_same_app_id_land_a_batch_once(spark, tmp_path):
     assert _latest_version(spark, table) == 1
 
 
+def test_write_next_lands_after_a_later_numbered_commit_of_its_app_id(spark, tmp_path):
+    # A backtest's write and a notify pass numbered their batch by the clock: a run that started
+    # earlier, or after the clock stepped back, was skipped as already committed and its rows lost.
+    table = tmp_path / "t"
+    other_run, ours = _sink(table, app_id="backtest:r:v1"), _sink(table, app_id="backtest:r:v1")
+    assert other_run.write_batch(_frame(spark, 3), 1_800_000_000_000).version == 0
+    built = []
+    result = ours.write_next(lambda: built.append(1) or _frame(spark, 4, 3))
+    assert (result.skipped, result.batch_id, result.version, result.rows) == (False, 1_800_000_000_001, 1, 4)
+    assert built == [1]
+    assert read_table(spark, table).count() == 7
+
+
 def test_two_writers_with_same_app_id_at_the_same_moment_land_a_batch_once(spark, tmp_path):
     # Started together, both usually read the table before either commits; then the loser's only
     # defence is Delta's conflict check on the app id the sink registers as read (`_committed_batch`).

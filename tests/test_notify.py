@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -83,6 +84,35 @@ def test_an_unreachable_receiver_is_retried_then_dead_lettered():
     closed.server.server_close()  # nothing listens there any more
     outcome = deliver(ALERTS[:1], Destination("soc", url, "info"), max_attempts=2, sleep=lambda s: None)
     assert outcome.delivered == [] and outcome.dead[0][0] == "a0" and "Error" in outcome.dead[0][1]
+
+
+def test_a_receiver_that_answers_no_http_is_retried_then_dead_lettered_and_the_rest_goes_on():
+    # urllib raises http.client's BadStatusLine, not an OSError: it once ended the whole pass,
+    # recording nothing, so every alert delivered before it was sent again on the next.
+    listener = socket.create_server(("127.0.0.1", 0))
+    requests = []
+
+    def answer() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                requests.append(connection.recv(65536))
+                connection.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    try:
+        outcome = deliver([ALERTS[0], ALERTS[2]], Destination("soc", url, "high"), max_attempts=2,
+                          sleep=lambda s: None)
+    finally:
+        listener.close()
+    assert outcome.delivered == []
+    assert [key for key, _ in outcome.dead] == ["a0", "a2"]
+    assert all("BadStatusLine" in error for _, error in outcome.dead), outcome.dead
+    assert len(requests) == 4
 
 
 def test_destinations_are_checked():

@@ -19,7 +19,7 @@ from pipelines.jobs import run_once
 from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
 from pipelines.operations.rollback import _history, _kept_batch, plan_rollback, rewind_checkpoint, rollback
-from pipelines.operations.running import LOCK, STREAM, running_stream, writer_lock
+from pipelines.operations.running import LOCK, PENDING, STREAM, HomeBusy, running_stream, writer_lock
 from pipelines.settings import Settings
 from pipelines.stages import stages
 
@@ -78,12 +78,52 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
 
     rollback(spark, lake, "silver_dns", 0, cascade=True)
     assert lake.read(spark, "silver_dns").where(F.col("event_id").startswith("bad-")).count() == 0
-    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    reports = run_once(spark, lake, SETTINGS)
+    assert not any(r.error for r in reports), [(r.name, r.error) for r in reports if r.error]
 
     assert counts(spark, lake) == clean
     alerts = lake.read(spark, "alerts")
     assert alert_ids(spark, lake) == clean_alerts
     assert alerts.select("alert_id").distinct().count() == alerts.count()
+
+
+def test_a_rollback_interrupted_after_its_first_restore_and_run_again_ends_equal_to_a_clean_run(
+        spark, tmp_path, monkeypatch):
+    # docs/operations.md: "Interrupted half way? Run the same command again." Planned afresh, once the
+    # table named was restored the second plan found no batch of the ETL to undo: it rewound no
+    # checkpoint and reset no other table, and the batches after version 0 were never read again.
+    from pipelines.lake import admin
+
+    lake, clean, clean_alerts = processed_home(spark, tmp_path)
+    restore, restored = admin.restore, []
+
+    def restore_then_die(*args, **kwargs):
+        restore(*args, **kwargs)
+        restored.append(args[1])
+        raise KeyboardInterrupt("killed after the first restore")
+
+    # The ETL table with the most batches, back to its first: the rest of the ETL's batches are undone.
+    table = max(("bronze_zeek", "bronze_suricata", "silver_conn", "silver_dns"),
+                key=lambda t: len(commits(lake.path(t))))
+    assert len(commits(lake.path(table))) >= 2
+    plan = rollback(None, lake, table, 0, cascade=True, dry_run=True)
+    assert plan.checkpoints and len(plan.tables) > 1, plan.lines()
+    monkeypatch.setattr(admin, "restore", restore_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        rollback(spark, lake, table, 0, cascade=True)
+    monkeypatch.setattr(admin, "restore", restore)
+    assert len(restored) == 1
+    # Nothing writes into the half-rolled-back home meanwhile; another rollback is refused naming this one.
+    with pytest.raises(HomeBusy, match=f"`seclake rollback {table} --to-version 0 --cascade` finishes it"):
+        run_once(spark, lake, SETTINGS)
+    with pytest.raises(ValueError, match="a rollback was interrupted"):
+        rollback(spark, lake, table, None, cascade=True)
+    assert "resumed" in " ".join(rollback(spark, lake, table, 0, cascade=True).notes)
+    assert not (lake.home.root / PENDING).exists()
+    reports = run_once(spark, lake, SETTINGS)
+    assert not any(r.error for r in reports), [(r.name, r.error) for r in reports if r.error]
+    assert counts(spark, lake) == clean
+    assert alert_ids(spark, lake) == clean_alerts
 
 
 def test_a_checkpoint_deleted_alone_is_refused_and_an_empty_rollback_rebuilds_the_stage(spark, tmp_path):
@@ -163,7 +203,7 @@ def test_streams_go_on_after_retention_deletes_old_partitions(spark, tmp_path):
     for file in (later / "landing").rglob("*.*"):
         file.rename(lake.home.landing / file.relative_to(later / "landing"))
     reports = run_once(spark, lake, SETTINGS)
-    assert not any(r.error for r in reports), [r.error for r in reports if r.error]
+    assert not any(r.error for r in reports), [(r.name, r.error) for r in reports if r.error]
     assert lake.read(spark, "silver_dns").count() > 0
     assert lake.read(spark, "enriched_dns").where(F.col("event_date") > days[-1]).count() > 0
 

@@ -62,7 +62,7 @@ def load(spark: SparkSession, lake: Lake, path: Path, source: str | None = None,
     lake.ensure(spark, INDICATORS_TABLE)
     version = upsert(spark, lake.path(INDICATORS_TABLE), rows, "indicator_key",
                      update={"valid_until": "s.valid_until", "loaded_at": "s.loaded_at"},
-                     insert={c: f"s.{c}" for c in rows.columns})
+                     insert={c: f"s.{c}" for c in rows.columns}, lock=lake.home.commit_lock(INDICATORS_TABLE))
     rules = intel_rules(rules_dir)
     alerts = sweep(spark, lake, rules, sweep_days)
     return LoadResult(len(feed.indicators), tuple(feed.skipped), version, alerts, tuple(r.slug for r in rules))

@@ -33,6 +33,9 @@ DEFAULT_CHECKPOINT_INTERVAL = 100
 # Commits searched for this write's own commit: other writers of the same table (late_events has
 # one per attribution query) may commit between our commit and the look-up.
 _HISTORY_PROBE = 20
+# `write_next`'s tries: each lost one means another run of the same writer committed in the instant
+# between the look-up and the commit.
+NEXT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,19 @@ class DeltaSink:
             version, rows = _append(spark, txn, df, self.app_id, batch_id, tag, self.partition_by,
                                     empty_commits=creates, commit_lock=self.commit_lock)
         return CommitResult(self.name, batch_id, version, rows)
+
+    def write_next(self, frame: Callable[[], DataFrame]) -> CommitResult:
+        """Append `frame()` as this app id's next batch, one past its last commit: for a writer that
+        replays no stream's batch (a backtest's write, a notify pass), whose runs may overlap and
+        whose clock may step back. Another run's commit in between takes the number: `frame()` is
+        built again (it may read the table) and appended as the batch after that one."""
+        for _ in range(NEXT_ATTEMPTS):
+            df = frame()
+            result = self.write_batch(df, self.last_batch(df.sparkSession) + 1)
+            if not result.skipped:
+                return result
+        raise RuntimeError(f"{self.name}: {NEXT_ATTEMPTS} appends of {self.app_id} each met another of the same "
+                           "app id committed first; try again")
 
     def last_batch(self, spark: SparkSession) -> int:
         """The last batch id this sink's app id committed to its table (-1: none, or no table yet)."""
@@ -174,6 +190,10 @@ def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
     """
     checksum = txn.snapshot().checksumOpt()
     if not checksum.isDefined() or not checksum.get().setTransactions().isDefined():
+        # The state rebuild runs Spark jobs, which Delta starts from the thread's active session: a
+        # writer's thread of its own (the ETL writes its tables in threads) has none. A RESTORE
+        # (a rollback's last commit) writes no checksum, so the next append comes here.
+        jvm_class(spark, "org.apache.spark.sql.SparkSession").setActiveSession(spark._jsparkSession)
         return int(txn.txnVersion(app_id))
     txn.readTxn().addOne(app_id)
     # As JSON in one round trip: a table's checksum lists every app id that ever wrote it.

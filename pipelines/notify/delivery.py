@@ -3,12 +3,13 @@
 At least once: an alert is POSTed until the receiver answers 2xx, with the alert id as the
 `Idempotency-Key` header so a receiver can drop a repeat (one happens when the process dies
 between the receiver's 2xx and the record of it). A 4xx other than 408/429 is final: the payload
-will not get better. Other failures (5xx, 408, 429, a refused or timed-out connection) are
-retried with a doubling back-off; after `max_attempts` the alert goes to the dead letter with
-its last error, and the next alerts still go out.
+will not get better. Other failures (5xx, 408, 429, a refused or timed-out connection, an answer
+that is not HTTP) are retried with a doubling back-off; after `max_attempts` the alert goes to the
+dead letter with its last error, and the next alerts still go out.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -108,7 +109,7 @@ def deliver(alerts: Iterable[dict], destination: Destination, max_attempts: int 
         for attempt in range(1, max_attempts + 1):
             try:
                 status = send(destination.url, payload(alert), key)
-            except OSError as exc:  # refused, reset, timed out
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out; an answer not HTTP
                 status, error = 0, f"{type(exc).__name__}: {exc}"
             if 200 <= status < 300:
                 outcome.delivered.append(key)

@@ -52,6 +52,5 @@ def notify(spark: SparkSession, lake: Lake, destination: Destination, max_attemp
     if rows:
         lake.ensure(spark, NOTIFICATIONS_TABLE)
         frame = spark.createDataFrame(rows, lake.spec(NOTIFICATIONS_TABLE).schema)
-        lake.sink(NOTIFICATIONS_TABLE, app_id=f"notify:{destination.name}").write_batch(
-            frame, int(at.timestamp() * 1000))
+        lake.sink(NOTIFICATIONS_TABLE, app_id=f"notify:{destination.name}").write_next(lambda: frame)
     return outcome

@@ -33,8 +33,9 @@ that changes a table another query streams from is refused, naming them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from pipelines.checkpoint import newest, numbered, read_batch
 from pipelines.end_of_input import END_OF_INPUT
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import remove_tree
+from pipelines.operations.running import PENDING, ROLLBACK
 from pipelines.query import Stage
 from pipelines.rules.spec import RULE_QUERY_PREFIX
 from pipelines.rules.tables import ALERTS_TABLE
@@ -97,6 +99,11 @@ class RollbackPlan:
         """One line per change, tables first (none: nothing to do)."""
         changes = [s.line() for s in self.tables if s.target != s.current or s.txn]
         return [*changes, *(c.line() for c in self.checkpoints)]
+
+    def command(self) -> str:
+        """The command line that makes this plan."""
+        goal = "--empty" if self.version is None else f"--to-version {self.version}"
+        return f"seclake rollback {self.table} {goal}{' --cascade' if self.cascade else ''}"
 
     def lines(self) -> list[str]:
         goal = "empty" if self.version is None else f"version {self.version}"
@@ -350,8 +357,9 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
 
 
 def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
-    """Carry out `plan`: tables first, then checkpoints. Re-planning after an interruption gives the
-    remaining steps again (targets are found from the history, which the steps only extend)."""
+    """Carry out `plan`: tables first, then checkpoints. Every step can be done again (a RESTORE to
+    the same version, the same txn reset, a rewind or a removal already done), which is how
+    `rollback` finishes a plan an interruption left half done (`PENDING`)."""
     from pipelines.lake.admin import delete_all, restore, set_transactions
 
     for step in plan.tables:
@@ -369,6 +377,32 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
             rewind_checkpoint(ck.path, ck.rewind_to)
 
 
+def save_pending(lake: Lake, plan: RollbackPlan) -> None:
+    """Write `plan` as the home's pending rollback (`PENDING`), atomically."""
+    record = {"command": plan.command(), "table": plan.table, "version": plan.version, "cascade": plan.cascade,
+              "tables": [asdict(t) for t in plan.tables],
+              "checkpoints": [{"stage": c.stage, "rewind_to": c.rewind_to, "reason": c.reason}
+                              for c in plan.checkpoints]}
+    path = lake.home.root / PENDING
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(record, indent=1))
+    os.replace(temporary, path)
+
+
+def pending_plan(lake: Lake) -> RollbackPlan | None:
+    """The plan of a rollback that was interrupted on this home (`PENDING`), or None."""
+    path = lake.home.root / PENDING
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return RollbackPlan(record["table"], record["version"], record["cascade"],
+                        tables=[TableStep(**t) for t in record["tables"]],
+                        checkpoints=[CheckpointStep(c["stage"], lake.home.checkpoint(c["stage"]), c["rewind_to"],
+                                                    c["reason"]) for c in record["checkpoints"]],
+                        notes=["resumed: a run of this rollback was interrupted; its steps are done again "
+                               "(each can be)"])
+
+
 def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake, table: str, version: int | None,
              cascade: bool = False, dry_run: bool = False, rules_dir: str | Path | None = None,
              on_plan: Callable[[RollbackPlan], None] | None = None) -> RollbackPlan:
@@ -381,14 +415,22 @@ def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "a rollback")
-    plan = plan_rollback(lake, table, version, cascade, rules_dir)
+    # A second plan made from a half-rolled-back home would miss steps: once the table named is
+    # restored, it finds no batch of its writer to undo, and rewinds no checkpoint.
+    plan = pending_plan(lake)
+    if plan is not None and (plan.table, plan.version, plan.cascade) != (table, version, cascade):
+        raise ValueError(f"a rollback was interrupted on {lake.home.root}: `{plan.command()}` finishes it "
+                         "first (docs/operations.md)")
+    plan = plan or plan_rollback(lake, table, version, cascade, rules_dir)
     if on_plan is not None:
         on_plan(plan)
     if not dry_run and plan.steps():
         if spark is None:
             raise ValueError("a rollback that is not a dry run needs a SparkSession")
-        with writer_lock(lake.home, "seclake rollback"):
+        with writer_lock(lake.home, ROLLBACK):
+            save_pending(lake, plan)
             apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
+            (lake.home.root / PENDING).unlink()
     return plan
 
 
@@ -407,9 +449,9 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
     """
     if (checkpoint / "state").is_dir():
         raise ValueError(f"checkpoint {checkpoint} holds streaming state, which cannot be rewound")
-    offsets = numbered(checkpoint / "offsets")
-    if batch not in offsets:
-        raise ValueError(f"checkpoint {checkpoint} has no batch {batch} (batches: {sorted(offsets)})")
+    if batch not in numbered(checkpoint / "offsets"):
+        raise ValueError(f"checkpoint {checkpoint} has no batch {batch} "
+                         f"(batches: {sorted(numbered(checkpoint / 'offsets'))})")
     # A source used twice in the plan (the ETL unions each landing stream into every parse) repeats.
     ends = read_batch(checkpoint, batch).offsets
     logs = sorted(numbered(checkpoint / "sources").items())
@@ -420,10 +462,15 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
                              f"{len(logs)} file-source logs")
         for (_, folder), end in zip(logs, ends):
             _truncate_source_log(folder, int(end["logOffset"]))
-    for sub in ("offsets", "commits"):
-        for number, path in numbered(checkpoint / sub).items():
-            if number > batch:
-                _remove(path)
+    # From the newest batch down, each batch's commit before its offsets: cut short, the checkpoint
+    # ends at a whole batch, and the newest offsets left make a second rollback plan this rewind again.
+    offsets, commits = numbered(checkpoint / "offsets"), numbered(checkpoint / "commits")
+    for number in sorted(set(offsets) | set(commits), reverse=True):
+        if number <= batch:
+            break
+        for log in (commits, offsets):
+            if number in log:
+                _remove(log[number])
 
 
 def _truncate_source_log(folder: Path, last: int) -> None:

@@ -13,6 +13,7 @@ a dry run still plans, and the stream's rules application knows the stream that 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import time
@@ -23,6 +24,10 @@ from pipelines.home import Home
 LOCK = "writer.lock"
 # The command `seclake stream` takes the lock as, which `running_stream` looks for.
 STREAM = "seclake stream"
+ROLLBACK = "seclake rollback"
+# The plan of a rollback being applied, in the home, removed once every step is done: until then only
+# the rollback takes the writer lock (a run between would write into half-rolled-back tables).
+PENDING = "rollback-pending.json"
 
 
 def running_stream(home: Home) -> int | None:
@@ -118,6 +123,13 @@ def writer_lock(home: Home, command: str) -> WriterLock:
     ...
     pipelines.operations.running.HomeBusy: seclake run-once (pid ...) is writing ...: wait ... before seclake maintain
     """
+    if command != ROLLBACK and (home.root / PENDING).exists():
+        try:
+            again = json.loads((home.root / PENDING).read_text())["command"]
+        except (OSError, ValueError, KeyError):
+            again = "the same seclake rollback"
+        raise HomeBusy(f"a rollback was interrupted on {home.root}: `{again}` finishes it; "
+                       f"then {command}")
     path = home.root / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -237,10 +237,9 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
         lake.ensure(spark, ALERTS_TABLE)
         # Its own writer id; the version only has to grow between runs.
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
-        batch_id = int(datetime.now(timezone.utc).timestamp() * 1000)
         # The stream's rules application may commit alerts of the same day meanwhile: read again, append again.
         result = retry_on_conflict(
-            lambda: sink.write_batch(mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake), batch_id),
+            lambda: sink.write_next(lambda: mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake)),
             f"the backtest of {rule.slug}")
         return found.count(), result.rows
     finally:

@@ -86,7 +86,8 @@ def refresh(session: Callable[[], SparkSession], lake: Lake, span: timedelta = t
     schema = lake.spec(INCIDENTS_TABLE).schema
     built = incidents(spark, lake, span).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]).persist()
     try:
-        return Refreshed(replace(path, built, tag), built.count(), written=True)
+        return Refreshed(replace(path, built, tag, lock=lake.home.commit_lock(INCIDENTS_TABLE)), built.count(),
+                         written=True)
     finally:
         built.unpersist()
 

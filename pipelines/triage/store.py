@@ -8,6 +8,7 @@ and time travel give the earlier states.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -38,6 +39,10 @@ class Change:
             raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
         if self.status is None and self.assignee is None and not self.note:
             raise ValueError("a change sets a status, an assignee or a note")
+        if self.assignee is not None and not self.assignee.strip():
+            raise ValueError("--to: give the name of who takes them (empty would leave them with no one)")
+        if not self.by.strip():
+            raise ValueError("--by: give a name (every change records who made it)")
 
 
 def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
@@ -83,28 +88,34 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
     from pipelines.lake.merge import upsert
 
     resolved = resolve_ids(spark, lake, alert_ids)
-    states = _states(spark, lake, resolved)
-    closed = [i[:12] for i in resolved if change.status == ACKNOWLEDGED and states.get(i, (OPEN, None))[0] == CLOSED]
-    if closed:  # acknowledging would put a closed alert back in the queue: that is `reopen`'s to say
-        raise ValueError(f"alert(s) {', '.join(closed)} closed: `seclake alerts reopen` first; nothing written")
-    ids = resolved if change.note else _changing(states, resolved, change)
-    unchanged = [i for i in resolved if i not in ids]
-    if not ids:
-        return Applied(None, [], unchanged)
-    at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    note = [(at, change.by, change.note)] if change.note else []
-    schema = lake.spec(TRIAGE_TABLE).schema
-    rows = spark.createDataFrame([(i, change.status, change.assignee, note, change.by, at) for i in ids], schema)
-    lake.ensure(spark, TRIAGE_TABLE)
-    version = upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
-                     update={"status": "coalesce(s.status, t.status)",
-                             "assignee": "coalesce(s.assignee, t.assignee)",
-                             "notes": "concat(coalesce(t.notes, array()), s.notes)",
-                             "updated_by": "s.updated_by", "updated_at": "s.updated_at"},
-                     insert={"alert_id": "s.alert_id", "status": f"coalesce(s.status, '{OPEN}')",
-                             "assignee": "s.assignee", "notes": "s.notes", "updated_by": "s.updated_by",
-                             "updated_at": "s.updated_at"})
-    return Applied(version, ids, unchanged)
+    # The states read and the MERGE under one hold of the home's lock on the table: an `ack` judged on
+    # a state read before another command's `close` committed would put the closed alert back.
+    with lake.home.commit_lock(TRIAGE_TABLE):
+        states = _states(spark, lake, resolved)
+        closed = [i[:12] for i in resolved
+                  if change.status == ACKNOWLEDGED and states.get(i, (OPEN, None))[0] == CLOSED]
+        if closed:  # acknowledging would put a closed alert back in the queue: that is `reopen`'s to say
+            raise ValueError(f"alert(s) {', '.join(closed)} closed: `seclake alerts reopen` first; "
+                             "nothing written")
+        ids = resolved if change.note else _changing(states, resolved, change)
+        unchanged = [i for i in resolved if i not in ids]
+        if not ids:
+            return Applied(None, [], unchanged)
+        at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+        note = [(at, change.by, change.note)] if change.note else []
+        schema = lake.spec(TRIAGE_TABLE).schema
+        rows = spark.createDataFrame([(i, change.status, change.assignee, note, change.by, at) for i in ids],
+                                     schema)
+        lake.ensure(spark, TRIAGE_TABLE)
+        version = upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
+                         update={"status": "coalesce(s.status, t.status)",
+                                 "assignee": "coalesce(s.assignee, t.assignee)",
+                                 "notes": "concat(coalesce(t.notes, array()), s.notes)",
+                                 "updated_by": "s.updated_by", "updated_at": "s.updated_at"},
+                         insert={"alert_id": "s.alert_id", "status": f"coalesce(s.status, '{OPEN}')",
+                                 "assignee": "s.assignee", "notes": "s.notes", "updated_by": "s.updated_by",
+                                 "updated_at": "s.updated_at"}, lock=nullcontext())
+        return Applied(version, ids, unchanged)
 
 
 def _states(spark: SparkSession, lake: Lake, ids: list[str]) -> dict[str, tuple[str, str | None]]:
