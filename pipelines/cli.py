@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         # of pyspark here: commands that start no JVM do not load it.)
         errors, py4j = sys.modules.get("pyspark.errors"), sys.modules.get("py4j.protocol")
         if not ((errors and isinstance(exc, errors.PySparkException))
-                or (py4j and isinstance(exc, py4j.Py4JJavaError))):
+                or (py4j and isinstance(exc, py4j.Py4JError))):
             raise
         from pipelines.query import error_summary
 

@@ -5,7 +5,7 @@ import argparse
 import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -49,6 +49,32 @@ def seconds_arg(text: str) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above zero")
     return seconds
+
+
+# Spark's `limit` takes a Java int, and a listing asks for one row more to say it was cut.
+MAX_ROWS = 2**31 - 2
+
+
+def rows_arg(least: int) -> Callable[[str], int]:
+    """An argparse type: a row count from `least` to MAX_ROWS (a larger one reached Spark as a Long
+    and ended in a Py4J traceback).
+
+    >>> rows_arg(1)("50")
+    50
+    >>> rows_arg(1)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: 0 is not a row count from 1 to 2147483646
+    """
+    def rows(text: str) -> int:
+        try:
+            count = int(text)
+        except ValueError:
+            count = least - 1
+        if not least <= count <= MAX_ROWS:
+            raise argparse.ArgumentTypeError(f"{text} is not a row count from {least} to {MAX_ROWS}")
+        return count
+    return rows
 
 
 # Day counts a date can be taken back by: a cutoff before year 1 is Python's OverflowError.

@@ -280,6 +280,10 @@ def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, c
      "no platform rule 'seclake.rule_disabld'; did you mean 'seclake.rule_disabled'?"),
     # Read as a pack of no rules: the commits' rule column was left out, silently.
     (["history", "alerts", "--rules", "/no/such/rules"], "argument --rules: /no/such/rules: no such folder"),
+    # Spark's limit takes an int: a Py4J traceback after Spark had started.
+    (["alerts", "list", "--limit", "3000000000"],
+     "argument --limit: 3000000000 is not a row count from 1 to 2147483646"),
+    (["sql", "SELECT 1", "--limit", "-1"], "argument --limit: -1 is not a row count from 0 to 2147483646"),
     # Accepted, and changed nothing: retention's setting given to maintain.
     (["maintain", "--dry-run", "--set", "retention_bronze_days=90"],
      "setting retention_bronze_days: seclake maintain does not read it (seclake retention does)"),

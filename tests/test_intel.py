@@ -1,6 +1,7 @@
 """Threat intelligence: feeds parsed, indicators MERGEd, history swept into alerts once."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -90,8 +91,22 @@ def test_a_file_without_indicators_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="missing.txt does not exist"):
         read_feed(tmp_path / "missing.txt")
     (tmp_path / "junk.txt").write_text("# nothing\nnot one\n")
-    with pytest.raises(ValueError, match=r"junk.txt: no IP address or domain found \(1 line"):
+    with pytest.raises(ValueError, match=r"junk.txt: no IP address or domain found \(1 entry not loaded: 'not one'\)"):
         read_feed(tmp_path / "junk.txt")
+    # A STIX 2.0 bundle's indicators have no pattern_type: each was skipped as "pattern type None", unsaid.
+    (tmp_path / "v20.json").write_text(json.dumps({
+        "type": "bundle", "id": "bundle--5d0092c5-5f74-4287-9642-33f4c354e56d", "spec_version": "2.0",
+        "objects": [{"type": "indicator", "id": "indicator--a932fcc6-e032-476c-826f-cb970a5a1ade",
+                     "created": "2017-01-01T00:00:00.000Z", "modified": "2017-01-01T00:00:00.000Z",
+                     "labels": ["malicious-activity"], "pattern": "[domain-name:value = 'evil.test']",
+                     "valid_from": "2017-01-01T00:00:00Z"}]}))
+    with pytest.raises(ValueError, match=r"a STIX 2.0 indicator \(only STIX 2.1 bundles are read\)"):
+        read_feed(tmp_path / "v20.json")
+
+
+def test_a_feed_saved_with_a_byte_order_mark_loads_its_first_value(tmp_path):
+    (tmp_path / "bom.txt").write_bytes("\ufeff198.51.100.7\nevil.test\n".encode())
+    assert read_feed(tmp_path / "bom.txt").indicators == [("ip", "198.51.100.7"), ("domain", "evil.test")]
 
 
 def test_load_merges_indicators_and_sweeps_each_match_once(spark, lake, tmp_path):

@@ -234,6 +234,10 @@ def test_output_formats_and_row_limit(capsys, home):
     assert records[0] == {"event_id": "e1", "query": "q1.example.com", "answers": ["192.0.2.1", "192.0.2.2"],
                           "event_time": "2026-11-21T00:00:01.000Z"}
 
+    # A repeated column name was a repeated JSON key, of which readers keep one value.
+    code, out, _ = run_cli(capsys, "sql", "--home", str(home.root), "--format", "json", "SELECT 1 AS a, 2 AS a")
+    assert code == 0 and [json.loads(line) for line in out.splitlines()] == [{"a": 1, "a_2": 2}], out
+
     code, out, _ = run_cli(capsys, "sql", "--home", str(home.root), "--limit", "0",
                            "SELECT 1 AS a; SELECT CAST(NULL AS STRING) AS b")
     assert out.splitlines() == ["a", "-", "1", "(1 row)", "", "b", "----", "NULL", "(1 row)"]

@@ -5,6 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from conftest import waits_for_lock
 from pipelines.cli import main
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
@@ -64,6 +65,18 @@ def test_changes_merge_into_one_row_per_alert_and_notes_accumulate(spark, lake):
     assert (reopened.version, [i[:9] for i in reopened.changed]) == (last + 1, ["aaaa11110"])
     assert [i[:9] for i in reopened.unchanged] == ["cccc33330"]  # never triaged: open already
     assert apply(spark, lake, ["cccc33330"], Change(status="open", note="seen", by="ana")).version == last + 2
+
+
+def test_a_triage_change_waits_while_another_process_holds_the_tables_lock(spark, lake):
+    # Two commands' MERGEs of one state table (two analysts, the CLI beside a Dagster run) take
+    # turns on the home's lock: on object storage Delta's commit is atomic within one driver only.
+    apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", by="ana"), now=T0)
+    log = lake.path(TRIAGE_TABLE) / "_delta_log"
+    result = waits_for_lock(lake.home.root / "locks" / f"{TRIAGE_TABLE}.lock",
+                            lambda: apply(spark, lake, ["aaaa11110"], Change(assignee="bo", by="ana"), now=T0),
+                            lambda: len(list(log.glob("*.json"))))
+    assert [i[:9] for i in result.changed] == ["aaaa11110"]
+    assert lake.read(spark, TRIAGE_TABLE).first().assignee == "bo"
 
 
 def test_ids_must_name_exactly_one_alert(spark, lake):
@@ -217,6 +230,8 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     assert gone not in marked.values()
     with pytest.raises(ValueError, match="only IPv4"):
         Suppression("cidr", "2001:db8::/64", "v6")
+    with pytest.raises(ValueError, match=r"cidr 192.168.10.0/2: host bits set; that network is 192.0.0.0/2"):
+        Suppression("cidr", "192.168.10.0/2", "a typo of /24 once stored as a quarter of IPv4")
     for bad in ("not a domain;;", "com"):
         with pytest.raises(ValueError, match="expected a domain name with a dot"):
             Suppression("domain", bad, "typo")
@@ -224,6 +239,26 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
         Suppression("device", " ", "blank")
     with pytest.raises(ValueError, match="no suppression 'nope'"):
         expire(spark, lake, "nope")
+
+
+def test_a_domain_suppression_marks_the_domain_and_its_subdomains_not_look_alikes(spark, lake):
+    # Matched as a substring, suppressing paypal.com also hid alerts on paypal.com.evil.test; given
+    # with the root's dot, it matched nothing.
+    from pipelines.triage.suppressions import Suppression, add, mark
+
+    ident = add(spark, lake, Suppression("domain", "PayPal.com.", "known sender"), now=T0)
+    schema = lake.spec("alerts").schema
+    texts = {"exact": "dns_exfiltration: paypal.com", "sub": "queries for www.paypal.com.", "json": None,
+             "lookalike": "queries for paypal.com.evil.test", "prefix": "queries for notpaypal.com",
+             "longer": "queries for paypal.community"}
+    rows = []
+    for name, text in texts.items():
+        row = {f: None for f in schema.fieldNames()}
+        row.update(alert_id=name, rule_id="r", evidence=text, event_date=T0.date(),
+                   details='{"query": "login.paypal.com"}' if name == "json" else None)
+        rows.append(row)
+    marked = {r.alert_id: r.suppressed_by for r in mark(spark.createDataFrame(rows, schema), lake).collect()}
+    assert marked == {"exact": ident, "sub": ident, "json": ident, "lookalike": None, "prefix": None, "longer": None}
 
 
 def test_a_suppressed_alert_is_written_with_suppressed_by_and_left_out_of_the_queue(spark, lake, capsys, tmp_path):
@@ -288,6 +323,18 @@ def test_an_unknown_rule_is_refused_naming_it_and_the_valid_names(lake, capsys, 
     err = capsys.readouterr().err
     assert "no rule 'port_scan'" in err and "did you mean 'internal_port_scan'?" in err and len(err.splitlines()) == 1
     assert not lake.exists("suppressions")  # nothing written
+
+
+def test_an_assignee_or_author_left_blank_and_a_padded_device_are_refused():
+    # Each was accepted: an alert "assigned" to no one, a change by no one, a suppression matching nothing.
+    from pipelines.triage.suppressions import Suppression
+
+    with pytest.raises(ValueError, match="--to: give the name"):
+        Change(assignee=" ", by="ana")
+    with pytest.raises(ValueError, match="--by: give a name"):
+        Change(status="closed", by="")
+    with pytest.raises(ValueError, match="device ' laptop-5 ': no spaces around the name"):
+        Suppression("device", " laptop-5 ", "padded")
 
 
 def test_a_suppression_on_a_malformed_mac_is_refused(lake, capsys):

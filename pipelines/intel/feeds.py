@@ -186,6 +186,9 @@ def parse_stix(text: str, now: datetime | None = None) -> Feed:
     for obj in objects:
         if obj.get("type") != "indicator":
             continue
+        if obj.get("pattern_type") is None and obj.get("spec_version") != "2.1":
+            skipped.append(f"{obj.id}: a STIX 2.0 indicator (only STIX 2.1 bundles are read)")
+            continue
         if obj.get("pattern_type") != "stix":
             skipped.append(f"{obj.id}: pattern type {obj.get('pattern_type')!r} (only STIX patterns are read)")
             continue
@@ -224,7 +227,9 @@ def read_feed(path: Path) -> Feed:
     """`parse_feed` of a file; ValueError names a missing file or one without any indicator."""
     if not path.is_file():
         raise ValueError(f"indicator file {path} does not exist")
-    feed = parse_feed(path.read_text(errors="replace"))
+    # utf-8-sig: a byte-order mark (an export from Windows) would hide a bundle's '{' and the first value.
+    feed = parse_feed(path.read_text(encoding="utf-8-sig", errors="replace"))
     if not feed.indicators:
-        raise ValueError(f"{path}: no IP address or domain found ({len(feed.skipped)} line(s) skipped)")
+        raise ValueError(f"{path}: no IP address or domain found"
+                         + (f" ({skipped_summary(feed.skipped)})" if feed.skipped else ""))
     return feed

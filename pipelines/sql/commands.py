@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.servers import port_number
+from pipelines.settings import rows_arg
 from pipelines.sql.database import Database, SqlError, connect
 from pipelines.sql.output import FORMATS, write_frame, write_pandas, write_tables
 from pipelines.sql.serve import DEFAULT_HOST, DEFAULT_PORT
@@ -21,7 +22,6 @@ DEFAULT_LIMIT = 100
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    _check_output_args(args)
     as_of = None if args.as_of is None else parse_as_of(args.as_of)
     db = _database(args)
     script = args.query if args.query is not None else (None if sys.stdin.isatty() else sys.stdin.read())
@@ -65,7 +65,6 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    _check_output_args(args)
     frame = connect(args.home).history(args.table, limit=args.limit or None)
     write_pandas(with_rule_names(frame, args.rules), args.format, sys.stdout)
     return 0
@@ -97,7 +96,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     def output_args(parser: argparse.ArgumentParser, limit_help: str) -> None:
         parser.add_argument("--format", choices=FORMATS, default="table",
                             help="aligned table (default), CSV with a header, or JSON Lines")
-        parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=limit_help)
+        parser.add_argument("--limit", type=rows_arg(0), default=DEFAULT_LIMIT, help=limit_help)
 
     sql = sub.add_parser(
         "sql", help="query the tables with Spark SQL (one statement, or an interactive shell)",
@@ -149,8 +148,4 @@ def _database(args: argparse.Namespace) -> Database:
     lake = connect(args.home).lake
     return Database(lake, get_spark(app_name="seclake-sql", ui=False))
 
-
-def _check_output_args(args: argparse.Namespace) -> None:
-    if args.limit < 0:
-        raise ValueError(f"--limit must be >= 0 (0 = no limit), got {args.limit}")
 

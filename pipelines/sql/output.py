@@ -16,6 +16,26 @@ FORMATS = ("table", "csv", "json")
 _MAX_CELL = 80
 
 
+def json_keys(names: list[str]) -> list[str]:
+    """A result's column names as JSON keys: a repeated name (`SELECT a.src_ip, b.src_ip`) numbered
+    from its second, since JSON readers keep one value per key.
+
+    >>> json_keys(["src_ip", "count", "src_ip", "src_ip_2"])
+    ['src_ip', 'count', 'src_ip_3', 'src_ip_2']
+    """
+    taken = set(names)
+    keys = []
+    for name in names:
+        if name in keys:
+            number = 2
+            while f"{name}_{number}" in taken:
+                number += 1
+            name = f"{name}_{number}"
+            taken.add(name)
+        keys.append(name)
+    return keys
+
+
 def write_frame(db: Database, df: DataFrame, fmt: str, limit: int, out: TextIO, err: TextIO) -> None:
     """Print a query result; at most `limit` rows (0 = all), saying so when more exist."""
     from pyspark.sql import functions as F
@@ -25,7 +45,8 @@ def write_frame(db: Database, df: DataFrame, fmt: str, limit: int, out: TextIO, 
     positional = df.toDF(*[f"_c{i}" for i in range(len(names))])  # result columns may share a name
     if fmt == "json":
         # Spark renders the values (session time zone, arrays, structs) as its own JSON writer would.
-        cells = positional.select(F.to_json(F.struct(*[F.col(f"_c{i}").alias(n) for i, n in enumerate(names)]),
+        keys = json_keys(names)
+        cells = positional.select(F.to_json(F.struct(*[F.col(f"_c{i}").alias(n) for i, n in enumerate(keys)]),
                                             {"ignoreNullFields": "false"}))
     else:
         cells = positional.select(*[F.col(c).cast("string") for c in positional.columns])

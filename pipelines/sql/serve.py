@@ -32,6 +32,8 @@ def server_conf(host: str, port: int) -> dict[str, str]:
     >>> conf = server_conf("127.0.0.1", 10001)
     >>> conf["spark.sql.extensions"], conf["spark.hadoop.hive.server2.thrift.port"]
     ('io.delta.sql.DeltaSparkSessionExtension,seclake.sandbox.SqlSandbox', '10001')
+    >>> conf["spark.sql.thriftServer.incrementalCollect"]
+    'true'
     """
     from pipelines.spark import BASE_CONF, delta_jars  # pyspark: imported when needed (`seclake tables` is quick)
 
@@ -49,6 +51,9 @@ def server_conf(host: str, port: int) -> dict[str, str]:
         "spark.hadoop.hive.server2.transport.mode": "binary",
         # One Spark session per connection: what one client sets never reaches another's.
         "spark.sql.hive.thriftServer.singleSession": "false",
+        # A result goes to the client a partition at a time: collected whole (Spark's default), a BI
+        # tool's preview of `SELECT * FROM silver_conn` would fill the driver every client shares.
+        "spark.sql.thriftServer.incrementalCollect": "true",
     }
 
 

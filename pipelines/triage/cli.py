@@ -14,6 +14,7 @@ from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
 from pipelines.rules.pack import rule_names
 from pipelines.rules.spec import RuleError
 from pipelines.rules.tables import PLATFORM_RULE_IDS, PLATFORM_RULE_PREFIX
+from pipelines.settings import rows_arg
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
@@ -42,7 +43,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     listing.add_argument("--severity", choices=SEVERITIES, help=f"{', '.join(SEVERITIES[:-1])} or {SEVERITIES[-1]}")
     listing.add_argument("--host", help="an IP, MAC or device name")
     listing.add_argument("--since", help="window start at or after this UTC time, e.g. 2026-11-20T06:00")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    listing.add_argument("--limit", type=rows_arg(1), default=50, help="at most this many rows (default 50)")
     listing.add_argument("--suppressed", action="store_true", help="include suppressed alerts")
     home_arg(listing)
     rules_dir_arg(listing)
@@ -53,7 +54,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
                          help="an alert within this many hours of the one before joins its incident (default 24)")
     grouped.add_argument("--min-risk", type=int, default=0, help="only incidents at least this risky")
     grouped.add_argument("--all", action="store_true", help="also incidents whose alerts are all closed")
-    grouped.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    grouped.add_argument("--limit", type=rows_arg(1), default=50, help="at most this many rows (default 50)")
     home_arg(grouped)
     rules_dir_arg(grouped)
     grouped.set_defaults(func=cmd_incidents)
@@ -141,6 +142,16 @@ def rule_id(name: str, rules_dir: Path) -> str:
         raise
 
 
+def _who(by: str | None) -> str:
+    """`--by`, else the login name; ValueError when neither says who (a container with no user name)."""
+    if by is not None:
+        return by
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no LOGNAME/USER and no passwd entry for the uid
+        raise ValueError("who is making this change? give --by NAME (no login name here)") from None
+
+
 def _utc_time(text: str | None, flag: str) -> datetime | None:
     if not text:
         return None
@@ -162,11 +173,11 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
         raise ValueError(f"--expires {args.expires}: that is past ({expires:%Y-%m-%d %H:%M} UTC); "
                          "a suppression that has already ended would mark nothing")
     suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=rule, expires_at=expires,
-                              author=args.by or getpass.getuser())
+                              author=_who(args.by))
     spark, lake = _spark_and_lake(args)
     ident = add(spark, lake, suppression)
     named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
-    print(f"suppression {ident}: {named} on {kind} {getattr(args, kind)}"
+    print(f"suppression {ident}: {named} on {kind} {suppression.match_value}"
           f"{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
     print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)"
           + ("" if expires else f"; with no --expires it lasts until `seclake suppress expire {ident}`"),
@@ -273,7 +284,7 @@ def cmd_change(args: argparse.Namespace) -> int:
     from pipelines.triage.store import Change, apply
 
     change = Change(status=args.status, assignee=getattr(args, "to", None), note=args.note,
-                    by=args.by or getpass.getuser())
+                    by=_who(args.by))
     spark, lake = _spark_and_lake(args)
     applied = apply(spark, lake, args.alerts, change)
     what = f"status {change.status}" if change.status else f"assigned to {change.assignee}"

@@ -49,6 +49,8 @@ class Suppression:
                              "(how Zeek's DHCP log and the enriched tables write it)")
         if self.match_type == "device" and not self.match_value.strip():
             raise ValueError("device: give the device's name as the inventory writes it (any case)")
+        if self.match_type == "device" and self.match_value != self.match_value.strip():
+            raise ValueError(f"device {self.match_value!r}: no spaces around the name (it would match no device)")
         if self.match_type == "domain" and not DOMAIN.fullmatch(self.match_value.lower()):
             # Matched as a substring of evidence and details: a bare word ('com') would match host names.
             raise ValueError(f"domain {self.match_value!r}: expected a domain name with a dot, such as evil.test")
@@ -56,6 +58,12 @@ class Suppression:
             network = ipaddress.ip_network(self.match_value, strict=False)
             if network.version != 4:
                 raise ValueError(f"cidr {self.match_value}: only IPv4 networks (give IPv6 hosts with --ip)")
+            try:
+                ipaddress.ip_network(self.match_value)
+            except ValueError:
+                # A typo of the prefix (/2 for /24) would otherwise widen it silently to a quarter of IPv4.
+                raise ValueError(f"cidr {self.match_value}: host bits set; that network is {network} "
+                                 "(give it as such)") from None
 
 
 def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime | None = None) -> str:
@@ -63,6 +71,8 @@ def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     ident = uuid.uuid4().hex[:12]
     value = suppression.match_value.lower() if suppression.match_type in ("mac", "domain") else suppression.match_value
+    if suppression.match_type == "domain":
+        value = value.rstrip(".")  # evidence writes names without the root's dot
     if suppression.match_type == "cidr":
         value = str(ipaddress.ip_network(value, strict=False))
     row = (ident, suppression.rule_id, suppression.match_type, value, suppression.reason, suppression.author, at,
@@ -88,7 +98,8 @@ def expire(spark: SparkSession, lake: Lake, ident: str, now: datetime | None = N
         return min(ended)
     rows = spark.createDataFrame([(ident, at)], "suppression_id string, expired_at timestamp")
     return upsert(spark, lake.path(SUPPRESSIONS_TABLE), rows, "suppression_id",
-                  update={"expired_at": "coalesce(t.expired_at, s.expired_at)"}, insert={})
+                  update={"expired_at": "coalesce(t.expired_at, s.expired_at)"}, insert={},
+                  lock=lake.home.commit_lock(SUPPRESSIONS_TABLE))
 
 
 def active(spark: SparkSession, lake: Lake, at: datetime | None = None) -> DataFrame:
@@ -97,6 +108,21 @@ def active(spark: SparkSession, lake: Lake, at: datetime | None = None) -> DataF
     return (lake.read(spark, SUPPRESSIONS_TABLE)
             .where(F.col("expired_at").isNull() | (F.col("expired_at") > when))
             .where(F.col("expires_at").isNull() | (F.col("expires_at") > when)))
+
+
+def domain_pattern(domain: str) -> str:
+    """A regex (Java's, as Python's) finding `domain` or a subdomain of it in text, never a name that
+    merely contains it: suppressing paypal.com must leave alerts on paypal.com.evil.test and
+    notpaypal.com raised.
+
+    >>> import re
+    >>> [bool(re.search(domain_pattern("paypal.com."), t)) for t in
+    ...  ("query paypal.com", "www.paypal.com.", '"paypal.com"', "paypal.com.evil.test", "notpaypal.com",
+    ...   "paypal.community")]
+    [True, True, True, False, False, False]
+    """
+    label = "a-z0-9_-"
+    return f"(^|[^{label}])" + re.escape(domain.lower().rstrip(".")) + f"(?![{label}])(?!\\.[{label}])"
 
 
 def _ipv4_number(column: Column) -> Column:
@@ -134,8 +160,9 @@ def mark(alerts: DataFrame, lake: Lake, at: datetime | None = None) -> DataFrame
         elif s.match_type == "device":
             hit = F.lower(F.col("device")) == value.lower()  # host names are case-insensitive
         else:
-            hit = (F.lower(F.coalesce(F.col("evidence"), F.lit(""))).contains(value)
-                   | F.lower(F.coalesce(F.col("details"), F.lit(""))).contains(value))
+            pattern = domain_pattern(value)
+            hit = (F.lower(F.coalesce(F.col("evidence"), F.lit(""))).rlike(pattern)
+                   | F.lower(F.coalesce(F.col("details"), F.lit(""))).rlike(pattern))
         if s.rule_id is not None:
             hit = hit & (F.col("rule_id") == s.rule_id)
         verdict = F.when(F.coalesce(hit, F.lit(False)), F.lit(s.suppression_id)).otherwise(verdict)
