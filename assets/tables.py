@@ -155,18 +155,20 @@ def as_failure(err: StageError, lake: Lake) -> Failure:
 def start_op(context: AssetExecutionContext, lake: Lake, *, landing: bool = False) -> WriterLock:
     """`pipelines.jobs.start_run_once` for an op that writes tables (`landing`: it reads landing),
     and the home's writer lock, which the op holds while it writes (`with start_op(...):`).
-    Refused while `seclake stream` runs on the home (a Failure not retried) or while another
-    command writes it (a `seclake run-once` from cron, say: retried, it may be done by then).
+    Refused while `seclake stream` runs on the home or a rollback waits to be finished (a Failure
+    not retried) or while another command writes it (a `seclake run-once` from cron, say: retried,
+    it may be done by then).
     A home this makes is said in the run's log: a mistyped `SECLAKE_HOME` otherwise looks like a
     home with nothing new."""
     from pipelines.jobs import start_run_once
-    from pipelines.operations.running import HomeBusy
+    from pipelines.operations.running import HomeBusy, RollbackPending
 
     existed = lake.home.root.exists()
     try:
         lock = start_run_once(lake, f"Dagster run {context.run_id} (op {context.op_def.name})", landing=landing)
     except HomeBusy as err:
-        raise Failure(description=str(err), allow_retries=True) from None
+        # An interrupted rollback waits for an operator, not for a retry's back-off.
+        raise Failure(description=str(err), allow_retries=not isinstance(err, RollbackPending)) from None
     except RuntimeError as err:
         raise Failure(description=str(err), allow_retries=False) from None
     if not existed:

@@ -52,9 +52,9 @@ def cmd_run_once(args: argparse.Namespace) -> int:
     unknown = [name for name in args.only or () if name not in names]
     if unknown:
         raise ValueError(f"--only {', '.join(unknown)}: no such stage; the stages are {', '.join(names)}")
+    settings = command_settings(args.command, args.overrides)  # refused before the home is made
     fresh = not Home.resolve(args.home).root.exists()
     lake = _lake(args)
-    settings = command_settings(args.command, args.overrides)
     # Said, since a mistyped --home otherwise looks like a home with nothing new.
     print(f"seclake run-once: home {lake.home.root}" + (f" (new: it did not exist; sensor logs go in "
                                                         f"{lake.home.landing})" if fresh else ""), file=sys.stderr)
@@ -83,12 +83,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from pipelines.terminal import print_table, stamped
 
     _use_rules(args)
+    settings = command_settings(args.command, args.overrides)  # refused before the home is made and the JVM starts
     lake = _lake(args)
     child = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the rules application, which its parent stops
     # The home in the name: a cluster's UI lists every home's applications side by side.
     app = "seclake-rules" if args.only == "rules" else "seclake-stream"
     spark = get_spark(app_name=f"{app} {lake.home.root}", ignore_ctrl_c=child)
-    settings = command_settings(args.command, args.overrides)
     name = f"seclake stream --only {args.only}" if args.only else "seclake stream"
     stop = "SIGTERM" if child else "Ctrl-C"
     print(f"{name}: home {lake.home.root}, trigger every {settings.trigger_interval}; {stop} to stop",

@@ -94,8 +94,9 @@ class Home:
         Delta commits to a lake on object storage are atomic only within one Spark driver
         (docs/deploy.md): two drivers committing one table at the same moment can both succeed, and
         one commit is lost. The processes of a home that append to one table take turns here
-        instead: the stream's rules application, `seclake rules enable` (rule_status), and
-        `seclake rules backtest --write` or `intel load` (alerts).
+        instead: the stream's rules application, `seclake rules enable` (rule_status),
+        `seclake rules backtest --write` or `intel load` (alerts), and the commands that MERGE into
+        a state table or replace `incidents` (`pipelines/lake/merge.py`).
 
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:

@@ -113,7 +113,7 @@ def test_a_rollback_interrupted_after_its_first_restore_and_run_again_ends_equal
         rollback(spark, lake, table, 0, cascade=True)
     monkeypatch.setattr(admin, "restore", restore)
     assert len(restored) == 1
-    # Nothing writes into the half-rolled-back home meanwhile; another rollback is refused naming this one.
+    # A run-once does not write into the half-rolled-back home; another rollback is refused naming this one.
     with pytest.raises(HomeBusy, match=f"`seclake rollback {table} --to-version 0 --cascade` finishes it"):
         run_once(spark, lake, SETTINGS)
     with pytest.raises(ValueError, match="a rollback was interrupted"):

@@ -79,6 +79,37 @@ def test_a_triage_change_waits_while_another_process_holds_the_tables_lock(spark
     assert lake.read(spark, TRIAGE_TABLE).first().assignee == "bo"
 
 
+def test_an_ack_waiting_for_the_lock_is_refused_when_a_close_commits_first(spark, lake):
+    # The ack read the alert's state before it waited for the lock: a close committed meanwhile was
+    # then overwritten, the closed alert back in the queue.
+    import threading
+    from contextlib import nullcontext
+
+    from pipelines.lake.merge import upsert
+
+    apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", by="ana"), now=T0)
+    outcome: list[object] = []
+
+    def ack() -> None:
+        try:
+            outcome.append(apply(spark, lake, ["aaaa11110"], Change(status="acknowledged", note="mine", by="bo")))
+        except ValueError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=ack)
+    with lake.home.commit_lock(TRIAGE_TABLE):
+        worker.start()
+        worker.join(4)
+        assert worker.is_alive()  # waiting for the lock
+        full_id = lake.read(spark, TRIAGE_TABLE).first().alert_id
+        closed = spark.createDataFrame([(full_id, "closed", None, [], "cy", T0)], lake.spec(TRIAGE_TABLE).schema)
+        upsert(spark, lake.path(TRIAGE_TABLE), closed, "alert_id", update={"status": "s.status"}, insert={},
+               lock=nullcontext())
+    worker.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError) and "closed" in str(outcome[0]), outcome
+    assert lake.read(spark, TRIAGE_TABLE).first().status == "closed"
+
+
 def test_ids_must_name_exactly_one_alert(spark, lake):
     assert resolve_ids(spark, lake, ["cccc3333", ALERTS[0][0]]) == [ALERTS[3][0], ALERTS[0][0]]
     with pytest.raises(ValueError, match=r"aaaa \(give at least 8 characters\); dddd4444 \(no such alert\)"):

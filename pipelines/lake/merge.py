@@ -37,7 +37,7 @@ def upsert(spark: SparkSession, path: str | os.PathLike, rows: DataFrame, key: s
     with delta_errors(uri.rstrip("/").rsplit("/", 1)[-1]), lock:
         (table.alias("t").merge(rows.alias("s"), f"t.{key} = s.{key}")
          .whenMatchedUpdate(set=update).whenNotMatchedInsert(values=insert).execute())
-    latest = table.history(1).select("version").first()
+        latest = table.history(1).select("version").first()  # ours: no other commit while the lock is held
     assert latest is not None  # a table has at least its version 0
     return int(latest[0])
 
@@ -61,6 +61,6 @@ def replace(path: str | os.PathLike, rows: DataFrame, tag: str | None = None,
     with delta_errors(uri.rstrip("/").rsplit("/", 1)[-1]), lock:
         writer = rows.write.format("delta").mode("overwrite")
         (writer.option("userMetadata", tag) if tag is not None else writer).save(uri)
-    latest = DeltaTable.forPath(rows.sparkSession, uri).history(1).select("version").first()
+        latest = DeltaTable.forPath(rows.sparkSession, uri).history(1).select("version").first()
     assert latest is not None  # a table has at least its version 0
     return int(latest[0])

@@ -107,11 +107,17 @@ class DeltaSink:
     def write_next(self, frame: Callable[[], DataFrame]) -> CommitResult:
         """Append `frame()` as this app id's next batch, one past its last commit: for a writer that
         replays no stream's batch (a backtest's write, a notify pass), whose runs may overlap and
-        whose clock may step back. Another run's commit in between takes the number: `frame()` is
+        whose clock may step back. Another run's commit of the same app id in between takes the
+        number (Delta refuses ours as a concurrent transaction, or this sink skips it): `frame()` is
         built again (it may read the table) and appended as the batch after that one."""
         for _ in range(NEXT_ATTEMPTS):
             df = frame()
-            result = self.write_batch(df, self.last_batch(df.sparkSession) + 1)
+            try:
+                result = self.write_batch(df, self.last_batch(df.sparkSession) + 1)
+            except Exception as exc:  # Delta's ConcurrentTransactionException comes as a bare Py4JJavaError
+                if "ConcurrentTransactionException" not in str(exc):
+                    raise
+                continue
             if not result.skipped:
                 return result
         raise RuntimeError(f"{self.name}: {NEXT_ATTEMPTS} appends of {self.app_id} each met another of the same "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -415,19 +416,20 @@ def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
 
     if not dry_run:  # a dry run only reads: a look at the plan while the stream runs
         refuse_while_streaming(lake.home, "a rollback")
-    # A second plan made from a half-rolled-back home would miss steps: once the table named is
-    # restored, it finds no batch of its writer to undo, and rewinds no checkpoint.
-    plan = pending_plan(lake)
-    if plan is not None and (plan.table, plan.version, plan.cascade) != (table, version, cascade):
-        raise ValueError(f"a rollback was interrupted on {lake.home.root}: `{plan.command()}` finishes it "
-                         "first (docs/operations.md)")
-    plan = plan or plan_rollback(lake, table, version, cascade, rules_dir)
-    if on_plan is not None:
-        on_plan(plan)
-    if not dry_run and plan.steps():
-        if spark is None:
-            raise ValueError("a rollback that is not a dry run needs a SparkSession")
-        with writer_lock(lake.home, ROLLBACK):
+    # Taken before the pending plan is read: a rollback running now is named as the lock's holder.
+    with nullcontext() if dry_run else writer_lock(lake.home, ROLLBACK):
+        # A second plan made from a half-rolled-back home would miss steps: once the table named is
+        # restored, it finds no batch of its writer to undo, and rewinds no checkpoint.
+        plan = pending_plan(lake)
+        if plan is not None and (plan.table, plan.version, plan.cascade) != (table, version, cascade):
+            raise ValueError(f"a rollback was interrupted on {lake.home.root}: `{plan.command()}` finishes it "
+                             "first (docs/operations.md)")
+        plan = plan or plan_rollback(lake, table, version, cascade, rules_dir)
+        if on_plan is not None:
+            on_plan(plan)
+        if not dry_run and plan.steps():
+            if spark is None:
+                raise ValueError("a rollback that is not a dry run needs a SparkSession")
             save_pending(lake, plan)
             apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
             (lake.home.root / PENDING).unlink()
@@ -462,8 +464,8 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
                              f"{len(logs)} file-source logs")
         for (_, folder), end in zip(logs, ends):
             _truncate_source_log(folder, int(end["logOffset"]))
-    # From the newest batch down, each batch's commit before its offsets: cut short, the checkpoint
-    # ends at a whole batch, and the newest offsets left make a second rollback plan this rewind again.
+    # From the newest batch down, each batch's commit before its offsets: never a commit without its
+    # offsets, whatever point an interruption cuts this at (the rollback then does it again).
     offsets, commits = numbered(checkpoint / "offsets"), numbered(checkpoint / "commits")
     for number in sorted(set(offsets) | set(commits), reverse=True):
         if number <= batch:
@@ -477,16 +479,22 @@ def _truncate_source_log(folder: Path, last: int) -> None:
     """Keep a file-source log's entries up to log batch `last`; entries only a removed compaction
     held (Spark deletes the files a compaction replaced) are written back as per-batch files."""
     orphaned: dict[int, list[str]] = {}
-    for number, path in numbered(folder).items():
-        if number > last:
-            if path.name.endswith(".compact"):
-                for line in path.read_text().splitlines()[1:]:
-                    if line.strip():
-                        orphaned.setdefault(int(json.loads(line)["batchId"]), []).append(line)
-            _remove(path)
-    kept = numbered(folder)
+    logs = numbered(folder)
+    for number, path in logs.items():
+        if number > last and path.name.endswith(".compact"):
+            for line in path.read_text().splitlines()[1:]:
+                if line.strip():
+                    orphaned.setdefault(int(json.loads(line)["batchId"]), []).append(line)
+    kept = {n: p for n, p in logs.items() if n <= last}
     compactions = [n for n, p in kept.items() if p.name.endswith(".compact")]
     start = max(compactions) + 1 if compactions else 0
+    # Written back (each whole, by a rename) before the compaction holding them goes: a rewind cut
+    # short between the two and done again would find them nowhere.
     for number in range(start, last + 1):
         if number not in kept:
-            (folder / str(number)).write_text("\n".join(["v1", *orphaned.get(number, [])]))
+            written = folder / f".{number}.tmp"
+            written.write_text("\n".join(["v1", *orphaned.get(number, [])]))
+            os.replace(written, folder / str(number))
+    for number, path in logs.items():
+        if number > last:
+            _remove(path)

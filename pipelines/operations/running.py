@@ -88,6 +88,10 @@ class HomeBusy(RuntimeError):
     """Another process holds the home's writer lock; it ends when that process finishes (or dies)."""
 
 
+class RollbackPending(HomeBusy):
+    """A rollback was interrupted (`PENDING`): it ends only when someone runs that rollback again."""
+
+
 class WriterLock:
     """The home's writer lock, held from `writer_lock` until `release` (or the block's end, or the
     process's: the kernel releases a dead holder's lock, so a `kill -9` leaves none behind)."""
@@ -123,13 +127,6 @@ def writer_lock(home: Home, command: str) -> WriterLock:
     ...
     pipelines.operations.running.HomeBusy: seclake run-once (pid ...) is writing ...: wait ... before seclake maintain
     """
-    if command != ROLLBACK and (home.root / PENDING).exists():
-        try:
-            again = json.loads((home.root / PENDING).read_text())["command"]
-        except (OSError, ValueError, KeyError):
-            again = "the same seclake rollback"
-        raise HomeBusy(f"a rollback was interrupted on {home.root}: `{again}` finishes it; "
-                       f"then {command}")
     path = home.root / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -139,6 +136,20 @@ def writer_lock(home: Home, command: str) -> WriterLock:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
         raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}") from None
+    # Looked for once the lock is ours: while a rollback runs, its plan is there too, and it is named
+    # above as the holder, not taken for an interrupted one.
+    if command != ROLLBACK and (home.root / PENDING).exists():
+        os.close(fd)
+        raise RollbackPending(f"a rollback was interrupted on {home.root}: `{pending_command(home)}` "
+                              f"finishes it; then {command}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{command} (pid {os.getpid()}, since {time.strftime('%H:%M:%S', time.gmtime())} UTC)".encode(), 0)
     return WriterLock(fd)
+
+
+def pending_command(home: Home) -> str:
+    """The command line of the rollback whose plan is pending in `home` (`PENDING`)."""
+    try:
+        return str(json.loads((home.root / PENDING).read_text())["command"])
+    except (OSError, ValueError, KeyError):
+        return "the same seclake rollback"

@@ -235,7 +235,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
     try:
         lake.ensure(spark, ALERTS_TABLE)
-        # Its own writer id; the version only has to grow between runs.
+        # Its own writer id, each run appending as its next batch (`write_next`).
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
         # The stream's rules application may commit alerts of the same day meanwhile: read again, append again.
         result = retry_on_conflict(

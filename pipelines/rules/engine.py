@@ -84,7 +84,6 @@ DIED = "the Spark application stopped while this rule ran (out of memory, or kil
 # whose append met another's on the same day looks the table up again, at most this many times.
 CONFLICT = "DELTA_CONCURRENT_APPEND"
 CONFLICT_ATTEMPTS = 5
-# The platform alert saying a rule's watermark dropped rows (its alerts on them are missing).
 T = TypeVar("T")
 
 

@@ -28,7 +28,6 @@ from pipelines.rules.tables import ALERTS_TABLE, RULE_DISABLED_ID, RULE_STATUS_T
 log = logging.getLogger("seclake.rules")
 
 
-
 def utc_now() -> datetime:
     """Now, timezone-aware UTC: health compares and stores aware times."""
     return datetime.now(timezone.utc)

@@ -147,5 +147,3 @@ def _database(args: argparse.Namespace) -> Database:
 
     lake = connect(args.home).lake
     return Database(lake, get_spark(app_name="seclake-sql", ui=False))
-
-

@@ -5,6 +5,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from pipelines.settings import MAX_ROWS
 from pipelines.sql.output import FORMATS, table_text, write_frame, write_pandas, write_tables
 from pipelines.sql.statements import AsOf, code_only, parse_as_of, split_statements
 
@@ -89,7 +90,7 @@ class Shell:
             self._guarded(lambda: self._schema(rest))
         elif word == ".format" and rest in FORMATS:
             self.fmt = rest
-        elif word == ".limit" and rest.isdigit():
+        elif word == ".limit" and rest.isdigit() and int(rest) <= MAX_ROWS:  # Spark's limit takes an int
             self.limit = int(rest)
         elif word == ".as-of" and rest:
             try:

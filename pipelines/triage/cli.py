@@ -145,6 +145,8 @@ def rule_id(name: str, rules_dir: Path) -> str:
 def _who(by: str | None) -> str:
     """`--by`, else the login name; ValueError when neither says who (a container with no user name)."""
     if by is not None:
+        if not by.strip():
+            raise ValueError("--by: give a name (every change records who made it)")
         return by
     try:
         return getpass.getuser()
@@ -177,7 +179,7 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
     spark, lake = _spark_and_lake(args)
     ident = add(spark, lake, suppression)
     named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
-    print(f"suppression {ident}: {named} on {kind} {suppression.match_value}"
+    print(f"suppression {ident}: {named} on {kind} {suppression.stored_value()}"
           f"{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
     print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)"
           + ("" if expires else f"; with no --expires it lasts until `seclake suppress expire {ident}`"),

@@ -52,7 +52,7 @@ class Suppression:
         if self.match_type == "device" and self.match_value != self.match_value.strip():
             raise ValueError(f"device {self.match_value!r}: no spaces around the name (it would match no device)")
         if self.match_type == "domain" and not DOMAIN.fullmatch(self.match_value.lower()):
-            # Matched as a substring of evidence and details: a bare word ('com') would match host names.
+            # Matched as the name or a subdomain of it: a bare word ('com') would match every .com name.
             raise ValueError(f"domain {self.match_value!r}: expected a domain name with a dot, such as evil.test")
         if self.match_type == "cidr":
             network = ipaddress.ip_network(self.match_value, strict=False)
@@ -65,18 +65,28 @@ class Suppression:
                 raise ValueError(f"cidr {self.match_value}: host bits set; that network is {network} "
                                  "(give it as such)") from None
 
+    def stored_value(self) -> str:
+        """The value as `add` stores it and `mark` compares it (a MAC or domain in lower case).
+
+        >>> Suppression("domain", "Evil.Test.", "lab").stored_value()
+        'evil.test'
+        """
+        if self.match_type == "mac":
+            return self.match_value.lower()
+        if self.match_type == "domain":
+            return self.match_value.lower().rstrip(".")  # evidence writes names without the root's dot
+        if self.match_type == "cidr":
+            return str(ipaddress.ip_network(self.match_value))
+        return self.match_value
+
 
 def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime | None = None) -> str:
     """Append `suppression` to `suppressions`; its new id."""
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     ident = uuid.uuid4().hex[:12]
-    value = suppression.match_value.lower() if suppression.match_type in ("mac", "domain") else suppression.match_value
-    if suppression.match_type == "domain":
-        value = value.rstrip(".")  # evidence writes names without the root's dot
-    if suppression.match_type == "cidr":
-        value = str(ipaddress.ip_network(value, strict=False))
-    row = (ident, suppression.rule_id, suppression.match_type, value, suppression.reason, suppression.author, at,
-           suppression.expires_at.astimezone(timezone.utc) if suppression.expires_at else None, None)
+    row = (ident, suppression.rule_id, suppression.match_type, suppression.stored_value(), suppression.reason,
+           suppression.author, at, suppression.expires_at.astimezone(timezone.utc) if suppression.expires_at else None,
+           None)
     lake.ensure(spark, SUPPRESSIONS_TABLE)
     frame = spark.createDataFrame([row], lake.spec(SUPPRESSIONS_TABLE).schema)
     lake.sink(SUPPRESSIONS_TABLE, app_id=f"suppress:{ident}").write_batch(frame, 0)
