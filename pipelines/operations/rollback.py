@@ -451,9 +451,9 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
     """
     if (checkpoint / "state").is_dir():
         raise ValueError(f"checkpoint {checkpoint} holds streaming state, which cannot be rewound")
-    if batch not in numbered(checkpoint / "offsets"):
-        raise ValueError(f"checkpoint {checkpoint} has no batch {batch} "
-                         f"(batches: {sorted(numbered(checkpoint / 'offsets'))})")
+    offsets, commits = numbered(checkpoint / "offsets"), numbered(checkpoint / "commits")
+    if batch not in offsets:
+        raise ValueError(f"checkpoint {checkpoint} has no batch {batch} (batches: {sorted(offsets)})")
     # A source used twice in the plan (the ETL unions each landing stream into every parse) repeats.
     ends = read_batch(checkpoint, batch).offsets
     logs = sorted(numbered(checkpoint / "sources").items())
@@ -466,7 +466,6 @@ def rewind_checkpoint(checkpoint: Path, batch: int) -> None:
             _truncate_source_log(folder, int(end["logOffset"]))
     # From the newest batch down, each batch's commit before its offsets: never a commit without its
     # offsets, whatever point an interruption cuts this at (the rollback then does it again).
-    offsets, commits = numbered(checkpoint / "offsets"), numbered(checkpoint / "commits")
     for number in sorted(set(offsets) | set(commits), reverse=True):
         if number <= batch:
             break
