@@ -7,6 +7,7 @@ from dagster import (
     AssetMaterialization,
     Config,
     DefaultSensorStatus,
+    Failure,
     OpExecutionContext,
     RunRequest,
     SensorEvaluationContext,
@@ -21,7 +22,7 @@ from pydantic import Field
 
 from assets.automation import active_lake_run, landing_files, new_files
 from assets.resources import LakeResource, SparkResource
-from assets.tables import LAKE_POOL, table_key, table_state
+from assets.tables import LAKE_POOL, RETRY_POLICY, table_key, table_state
 from pipelines.settings import MAX_DAYS
 
 INTEL_JOB = "intel_load_job"
@@ -36,14 +37,20 @@ class IntelConfig(Config):
                             description=f"days of history searched for matches, 1 to {MAX_DAYS}")
 
 
-@op(pool=LAKE_POOL, description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
+# Retried: the sensor's cursor has moved past the feed, so a sweep that failed after the MERGE (a
+# commit conflict with a rule's append, say) would otherwise never run; both steps can be done again.
+@op(pool=LAKE_POOL, retry_policy=RETRY_POLICY,
+    description="Upsert a feed's indicators (MERGE) and sweep history for matches into alerts")
 def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: SparkResource, lake: LakeResource):
     from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import INDICATORS_TABLE, load
     from pipelines.rules.tables import ALERTS_TABLE
 
     the_lake = lake.existing_lake(or_landing=True)  # as `seclake intel load`: a mistyped home is not a new one
-    result = load(spark.session, the_lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
+    try:
+        result = load(spark.session, the_lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
+    except ValueError as err:  # the feed itself (missing, nothing in it): a retry would read the same
+        raise Failure(description=str(err), allow_retries=False) from None
     context.log.info(f"{result.indicators} indicator(s) loaded, {result.alerts} new alert(s) from the sweep")
     if result.skipped:
         context.log.warning(f"{config.file}: {skipped_summary(result.skipped)}")

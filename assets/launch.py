@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, JobDefinition
 
+from assets.intel import INTEL_JOB
 from assets.jobs import LAKE_JOBS
 from assets.resources import LakeResource, SparkResource, resources_for_environment
 from pipelines.home import dagster_instance
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 FINISHED = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_SKIPPED,
             DagsterEventType.STEP_UP_FOR_RETRY}
+# intel_load_job needs a feed file as its op's config: `seclake intel load FILE` runs it.
+LAUNCHABLE_JOBS = tuple(name for name in LAKE_JOBS if name != INTEL_JOB)
 OUTCOME = {DagsterEventType.STEP_SUCCESS: "ok", DagsterEventType.STEP_FAILURE: "FAILED",
            DagsterEventType.STEP_SKIPPED: "skipped"}
 
@@ -159,18 +162,33 @@ def _follow(instance: DagsterInstance, run_id: str, progress: Progress,
             return
 
 
+def _tag(text: str) -> tuple[str, str]:
+    """A `--tag` argument as a (key, value) pair; argparse names the argument when it is not one.
+
+    >>> _tag("owner=soc")
+    ('owner', 'soc')
+    >>> _tag("owner")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: 'owner' is not KEY=VALUE
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m assets.launch", description=__doc__.splitlines()[0])
-    parser.add_argument("job", help="a job of the code location, e.g. run_once_job")
-    parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag of the run")
+    parser.add_argument("job", choices=LAUNCHABLE_JOBS, help="a job of the code location")
+    parser.add_argument("--tag", action="append", default=[], type=_tag, metavar="KEY=VALUE",
+                        help="a tag of the run")
     args = parser.parse_args(argv)
     # Dagster's own warnings (preview APIs, instance defaults) are not the user's business here.
     warnings.filterwarnings("ignore")
     logging.getLogger("dagster").setLevel(logging.ERROR)
-    tags = dict(tag.split("=", 1) for tag in args.tag)
     if os.environ.get("DAGSTER_HOME"):
         dagster_instance(os.environ["DAGSTER_HOME"])
-    return launch(args.job, tags)
+    return launch(args.job, dict(args.tag))
 
 
 if __name__ == "__main__":

@@ -124,3 +124,20 @@ def test_a_home_with_landing_only_is_one_for_intel_and_incidents_not_for_mainten
     with pytest.raises(Exception, match="is not a seclake home") as refused:
         lake.existing_lake()
     assert refused.value.allow_retries is False
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["nope"], "argument job: invalid choice: 'nope'"),
+    (["intel_load_job"], "argument job: invalid choice: 'intel_load_job'"),  # its feed file is op config
+    (["run_once_job", "--tag", "owner"], "argument --tag: 'owner' is not KEY=VALUE"),
+    (["run_once_job", "--tag", "=soc"], "argument --tag: '=soc' is not KEY=VALUE"),
+])
+def test_a_shell_launch_of_a_bad_job_or_tag_is_refused_in_one_line(argv, said, tmp_path, monkeypatch, capsys):
+    from assets.launch import main as launch
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    with pytest.raises(SystemExit) as refused:
+        launch(argv)
+    assert refused.value.code == 2
+    assert said in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "dagster").exists()  # refused before the instance or a run was made

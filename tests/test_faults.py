@@ -512,7 +512,8 @@ def test_file_deleted_while_being_read_then_restart_recovers(spark, generated, t
 
 
 def test_file_deleted_while_being_read_does_not_fail_the_run(spark, generated, tmp_path, monkeypatch):
-    _, _, _, first = _deleted_file_run(spark, generated, tmp_path, monkeypatch)
+    _, _, victim, first = _deleted_file_run(spark, generated, tmp_path, monkeypatch)
+    assert not victim.exists(), "the file was never deleted: the batch the fault waits for did not come"
     assert first.error is None, first.line()
 
 

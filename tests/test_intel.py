@@ -163,7 +163,7 @@ def test_rules_folder_without_intel_rules_loads_but_sweeps_nothing(spark, lake, 
     assert lake.read(spark, INDICATORS_TABLE).count() == 1
 
 
-def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(spark, lake):
+def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(spark, lake, monkeypatch):
     import os
 
     from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
@@ -212,3 +212,31 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     assert not reported & {table_key("indicators"), table_key("alerts")}, reported
     found = lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").collect()
     assert [a.src_ip for a in found] == ["10.0.0.5"] and "threatfox.csv" in found[0].evidence
+
+    # A sweep that fails after the MERGE committed is retried (the sensor will not ask again), and
+    # the retry adds no alert twice.
+    from pipelines.intel import store
+
+    sweep, calls = store.sweep, []
+
+    def sweep_failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a commit conflict")
+        return sweep(*args, **kwargs)
+
+    monkeypatch.setattr(store, "sweep", sweep_failing_once)
+    again = defs.resolve_job_def(intel.INTEL_JOB).execute_in_process(
+        run_config=first.run_requests[0].run_config, instance=instance)
+    assert again.success and len(calls) == 2
+    assert "STEP_UP_FOR_RETRY" in [e.event_type_value for e in again.all_events]
+    assert lake.read(spark, "alerts").where(f"rule_id IN ('{INTEL_RULE_IDS}')").count() == 1
+
+    # A feed removed before its run: refused in one line, not retried (the job retries other failures).
+    gone = {"ops": {"load_indicators": {"config": {"file": str(lake.home.intel / "gone.csv")}}}}
+    refused = defs.resolve_job_def(intel.INTEL_JOB).execute_in_process(run_config=gone, instance=instance,
+                                                                        raise_on_error=False)
+    kinds = [e.event_type_value for e in refused.all_events]
+    assert "STEP_FAILURE" in kinds and "STEP_UP_FOR_RETRY" not in kinds, kinds
+    failure = next(e for e in refused.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.event_specific_data.error.message.strip().endswith("gone.csv does not exist")

@@ -234,7 +234,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
     feed.deliver_next(len(feed.files))
     # The kills must have hit a pipeline that was making progress, not the same replay 20 times.
     progressed = sum(k["etl_commits"] for k in kills)
-    assert progressed >= RESTARTS // 4, f"only {progressed} ETL commits during the kill phase: {kills}"
+    assert progressed >= max(1, RESTARTS // 4), f"only {progressed} ETL commits during the kill phase: {kills}"
     drained = subprocess.run(seclake("run-once", "--home", str(home.root), *KILL_WATERMARKS), cwd=REPO,
                              capture_output=True, text=True, timeout=1800)
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
@@ -273,6 +273,5 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(spark, small_inpu
     print("\nSIGKILL summary:", json.dumps({k: v for k, v in summary.items() if k != "kills"}))
     for k in kills:
         print("  ", k)
-    assert len(kills) >= RESTARTS
     # The kill point this test is for: each kill meant for the write -> commit window waited for it.
     assert all(k["window_seen"] for k in kills if k["mode"] == "in the write -> commit window"), kills
