@@ -239,13 +239,15 @@ def test_the_incidents_asset_writes_the_incidents_as_a_table_and_rebuilds_it_who
 def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     from pipelines.triage.suppressions import Suppression, add, expire, mark
 
-    scan = add(spark, lake, Suppression("cidr", "10.0.0.4/31", "lab scanner", rule_id=RULE_IDS["internal_port_scan"]),
-               now=T0)
-    mac = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
-    gone = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
-    device = add(spark, lake, Suppression("device", "LAPTOP-5", "a name in another case",
-                                          rule_id=RULE_IDS["dga_nxdomain_burst"]), now=T0)
-    ended = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
+    scan, _ = add(spark, lake, Suppression("cidr", "10.0.0.4/31", "lab scanner",
+                                           rule_id=RULE_IDS["internal_port_scan"]), now=T0)
+    mac, _ = add(spark, lake, Suppression("mac", "AA:BB:CC:00:00:06", "test laptop"), now=T0)
+    gone, _ = add(spark, lake, Suppression("device", "laptop-5", "ended", expires_at=T0 + timedelta(hours=1)), now=T0)
+    device, _ = add(spark, lake, Suppression("device", "LAPTOP-5", "a name in another case",
+                                             rule_id=RULE_IDS["dga_nxdomain_burst"]), now=T0)
+    ended, _ = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
+    # The same one again (a command run twice): the one in force, nothing added; once it has ended, a new one.
+    assert add(spark, lake, Suppression("mac", "aa:bb:cc:00:00:06", "again"), now=T0) == (mac, False)
     version = expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
     assert isinstance(version, int)
     # Ended already (by hand, or past its expires_at): said with when, nothing written.
@@ -254,6 +256,10 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     from delta.tables import DeltaTable
 
     assert DeltaTable.forPath(spark, str(lake.path("suppressions"))).history(1).first().version == version
+    again, new = add(spark, lake, Suppression("ip", "10.0.0.7", "back"), now=T0 + timedelta(minutes=6))
+    assert new and again != ended
+    assert lake.read(spark, "suppressions").count() == 6
+    expire(spark, lake, again, now=T0 + timedelta(minutes=7))
     later = T0 + timedelta(hours=2)
     marked = {r.alert_id[:9]: r.suppressed_by for r in mark(lake.read(spark, "alerts"), lake, at=later).collect()}
     # the CIDR covers .4-.5 for one rule; the MAC one every rule; the expired ones nothing.
@@ -277,7 +283,7 @@ def test_a_domain_suppression_marks_the_domain_and_its_subdomains_not_look_alike
     # with the root's dot, it matched nothing.
     from pipelines.triage.suppressions import Suppression, add, mark
 
-    ident = add(spark, lake, Suppression("domain", "PayPal.com.", "known sender"), now=T0)
+    ident, _ = add(spark, lake, Suppression("domain", "PayPal.com.", "known sender"), now=T0)
     schema = lake.spec("alerts").schema
     texts = {"exact": "dns_exfiltration: paypal.com", "sub": "queries for www.paypal.com.", "json": None,
              "lookalike": "queries for paypal.com.evil.test", "prefix": "queries for notpaypal.com",
@@ -394,7 +400,8 @@ def test_a_bad_severity_is_refused_by_the_parser_naming_the_allowed_values(capsy
 def test_a_suppression_saved_by_rule_name_before_is_listed_as_matching_nothing(spark, lake, capsys):
     from pipelines.triage.suppressions import Suppression, add
 
-    old = add(spark, lake, Suppression("ip", "10.0.0.5", "lab scanner", rule_id="internal_port_scan", author="ana"))
+    old, _ = add(spark, lake, Suppression("ip", "10.0.0.5", "lab scanner", rule_id="internal_port_scan",
+                                          author="ana"))
     assert main(["suppress", "list", "--home", str(lake.home.root)]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(old))
     assert row.endswith("matches nothing (saved by rule name): expire it and add it again"), row

@@ -177,10 +177,10 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
     suppression = Suppression(kind, getattr(args, kind), args.reason, rule_id=rule, expires_at=expires,
                               author=_who(args.by))
     spark, lake = _spark_and_lake(args)
-    ident = add(spark, lake, suppression)
+    ident, new = add(spark, lake, suppression)
     named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
-    print(f"suppression {ident}: {named} on {kind} {suppression.stored_value()}"
-          f"{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
+    print(f"suppression {ident}{'' if new else ' (already in force, not added again)'}: {named} on {kind} "
+          f"{suppression.stored_value()}{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
     print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)"
           + ("" if expires else f"; with no --expires it lasts until `seclake suppress expire {ident}`"),
           file=sys.stderr)

@@ -80,17 +80,27 @@ class Suppression:
         return self.match_value
 
 
-def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime | None = None) -> str:
-    """Append `suppression` to `suppressions`; its new id."""
+def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime | None = None) -> tuple[str, bool]:
+    """Append `suppression` to `suppressions`: its id, and whether it is new. One in force with the
+    same rule, entity and expiry is not added again (the same command run twice, or run again after
+    it was killed, would otherwise leave two to expire); its id is returned instead."""
     at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    expires = suppression.expires_at.astimezone(timezone.utc) if suppression.expires_at else None
+    lake.ensure(spark, SUPPRESSIONS_TABLE)
+    rule = F.col("rule_id").isNull() if suppression.rule_id is None else F.col("rule_id") == suppression.rule_id
+    until = F.col("expires_at").isNull() if expires is None else F.col("expires_at") == F.lit(expires)
+    same = (active(spark, lake, at).where(rule & until)
+            .where((F.col("match_type") == suppression.match_type)
+                   & (F.col("match_value") == suppression.stored_value()))
+            .orderBy("created_at").select("suppression_id").limit(1).collect())
+    if same:
+        return same[0].suppression_id, False
     ident = uuid.uuid4().hex[:12]
     row = (ident, suppression.rule_id, suppression.match_type, suppression.stored_value(), suppression.reason,
-           suppression.author, at, suppression.expires_at.astimezone(timezone.utc) if suppression.expires_at else None,
-           None)
-    lake.ensure(spark, SUPPRESSIONS_TABLE)
+           suppression.author, at, expires, None)
     frame = spark.createDataFrame([row], lake.spec(SUPPRESSIONS_TABLE).schema)
     lake.sink(SUPPRESSIONS_TABLE, app_id=f"suppress:{ident}").write_batch(frame, 0)
-    return ident
+    return ident, True
 
 
 def expire(spark: SparkSession, lake: Lake, ident: str, now: datetime | None = None) -> int | datetime:
