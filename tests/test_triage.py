@@ -298,6 +298,23 @@ def test_a_domain_suppression_marks_the_domain_and_its_subdomains_not_look_alike
     assert marked == {"exact": ident, "sub": ident, "json": ident, "lookalike": None, "prefix": None, "longer": None}
 
 
+def test_an_ipv6_suppression_matches_the_address_as_either_sensor_writes_it(spark, lake):
+    # Compared as text, --ip 2001:DB8::5 matched neither Zeek's 2001:db8::5 nor Suricata's full form.
+    from pipelines.triage.suppressions import Suppression, add, mark
+
+    ident, _ = add(spark, lake, Suppression("ip", "2001:DB8:0::5", "lab host"), now=T0)
+    schema = lake.spec("alerts").schema
+    ips = {"zeek": "2001:db8::5", "suricata": "2001:0db8:0000:0000:0000:0000:0000:0005", "other": "2001:db8::50",
+           "v4": "10.0.0.5"}
+    rows = []
+    for name, ip in ips.items():
+        row = {f: None for f in schema.fieldNames()}
+        row.update(alert_id=name, rule_id="r", src_ip=ip, event_date=T0.date())
+        rows.append(row)
+    marked = {r.alert_id: r.suppressed_by for r in mark(spark.createDataFrame(rows, schema), lake).collect()}
+    assert marked == {"zeek": ident, "suricata": ident, "other": None, "v4": None}
+
+
 def test_a_suppressed_alert_is_written_with_suppressed_by_and_left_out_of_the_queue(spark, lake, capsys, tmp_path):
     from pipelines.intel.store import intel_rules, load
 

@@ -70,7 +70,11 @@ class Suppression:
 
         >>> Suppression("domain", "Evil.Test.", "lab").stored_value()
         'evil.test'
+        >>> Suppression("ip", "2001:DB8:0:0::1", "lab").stored_value()
+        '2001:db8::1'
         """
+        if self.match_type == "ip":
+            return ipaddress.ip_address(self.match_value).compressed
         if self.match_type == "mac":
             return self.match_value.lower()
         if self.match_type == "domain":
@@ -170,7 +174,10 @@ def mark(alerts: DataFrame, lake: Lake, at: datetime | None = None) -> DataFrame
     for s in sorted(found, key=lambda s: s.suppression_id, reverse=True):
         value = s.match_value
         if s.match_type == "ip":
-            hit = F.col("src_ip") == value
+            # Zeek writes an IPv6 address compressed (2001:db8::1), older Suricata in full
+            # (2001:0db8:0000:...): either form of the address matches.
+            address = ipaddress.ip_address(value)
+            hit = F.lower(F.col("src_ip")).isin(sorted({address.compressed, address.exploded}))
         elif s.match_type == "cidr":
             network = ipaddress.ip_network(value)
             lo, hi = int(network.network_address), int(network.broadcast_address)
