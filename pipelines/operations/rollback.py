@@ -21,7 +21,9 @@ The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what
 - Rules are reset (checkpoint deleted; a new checkpoint gets a new writer id), those of another
   pack too (every `rule_*` checkpoint of the home). `alerts` goes back to its last version
   committed before the first commit this rollback removes upstream; alerts have stable ids and
-  rules skip the ids the table holds, so re-running every rule adds exactly the missing ones.
+  rules skip the ids the table holds, so re-running every rule adds exactly the missing ones. The
+  platform's own alerts (a rule disabled, rows a rule dropped as late) are not the rules' output
+  and no re-run writes them again: those the restore removes are appended back.
 - Every table moved back also gets its writers' Delta txn ids set back to the last batch it keeps:
   RESTORE and DELETE leave them, and a writer replaying a batch id above them would be skipped.
 
@@ -371,11 +373,28 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
             elif step.target != step.current:
                 restore(spark, path, step.target)
             set_transactions(spark, path, step.txn)
+        if step.table == ALERTS_TABLE and step.target != step.current:
+            _keep_platform_alerts(spark, lake, step.current)
     for ck in plan.checkpoints:
         if ck.rewind_to is None:
             remove_tree(ck.path)
         else:
             rewind_checkpoint(ck.path, ck.rewind_to)
+
+
+def _keep_platform_alerts(spark: SparkSession, lake: Lake, version: int) -> None:
+    """Append the platform's alerts that `alerts` held at `version` and holds no longer. Read from
+    that version, not from the table before its move: done again after an interruption, each is
+    added once."""
+    from pyspark.sql import functions as F
+
+    from pipelines.rules.status import append_platform_alerts
+    from pipelines.rules.tables import PLATFORM_RULE_IDS
+
+    held = lake.read(spark, ALERTS_TABLE, version=version).where(F.col("rule_id").isin(list(PLATFORM_RULE_IDS)))
+    gone = held.join(lake.read(spark, ALERTS_TABLE).select("alert_id"), "alert_id", "left_anti").select(*held.columns)
+    if not gone.isEmpty():
+        append_platform_alerts(lake, gone)
 
 
 def save_pending(lake: Lake, plan: RollbackPlan) -> None:
