@@ -23,6 +23,7 @@ from pydantic import Field
 from assets.automation import active_lake_run, landing_files, new_files
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, table_key, table_state
+from pipelines.operations.running import RollbackPending
 from pipelines.settings import MAX_DAYS
 
 INTEL_JOB = "intel_load_job"
@@ -49,7 +50,7 @@ def load_indicators(context: OpExecutionContext, config: IntelConfig, spark: Spa
     the_lake = lake.existing_lake(or_landing=True)  # as `seclake intel load`: a mistyped home is not a new one
     try:
         result = load(spark.session, the_lake, Path(config.file), source=config.source, sweep_days=config.sweep_days)
-    except ValueError as err:  # the feed itself (missing, nothing in it): a retry would read the same
+    except (ValueError, RollbackPending) as err:  # the feed, or a rollback to finish: a retry fails the same
         raise Failure(description=str(err), allow_retries=False) from None
     context.log.info(f"{result.indicators} indicator(s) loaded, {result.alerts} new alert(s) from the sweep")
     if result.skipped:

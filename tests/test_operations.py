@@ -19,7 +19,15 @@ from pipelines.jobs import run_once
 from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
 from pipelines.operations.rollback import _history, _kept_batch, plan_rollback, rewind_checkpoint, rollback
-from pipelines.operations.running import LOCK, PENDING, STREAM, HomeBusy, running_stream, writer_lock
+from pipelines.operations.running import (
+    LOCK,
+    PENDING,
+    STREAM,
+    HomeBusy,
+    RollbackPending,
+    running_stream,
+    writer_lock,
+)
 from pipelines.settings import Settings
 from pipelines.stages import stages
 
@@ -125,6 +133,19 @@ def test_a_rollback_interrupted_after_its_first_restore_and_run_again_ends_equal
         run_once(spark, lake, SETTINGS)
     with pytest.raises(ValueError, match="a rollback was interrupted"):
         rollback(spark, lake, table, None, cascade=True)
+    # Nor do the appends to alerts that take no writer lock: the RESTORE of alerts, done again, would undo them.
+    from pipelines.intel.store import load
+    from pipelines.rules.backtest import write_missing
+    from pipelines.rules.pack import default_rules_dir, scan_rules
+
+    rule = next(r for r in scan_rules(default_rules_dir()).rules if r.slug == "dns_tunneling")
+    with pytest.raises(RollbackPending, match="finishes it; then add dns_tunneling's missing alerts"):
+        write_missing(spark, lake, rule)
+    feed = tmp_path / "feed.txt"
+    feed.write_text("evil.test\n")
+    with pytest.raises(RollbackPending, match="finishes it; then intel load feed.txt"):
+        load(spark, lake, feed)
+    assert not lake.exists("indicators") or lake.read(spark, "indicators").count() == 0
     assert "resumed" in " ".join(rollback(spark, lake, table, 0, cascade=True).notes)
     assert not (lake.home.root / PENDING).exists()
     reports = run_once(spark, lake, SETTINGS)

@@ -52,7 +52,9 @@ def load(spark: SparkSession, lake: Lake, path: Path, source: str | None = None,
     """Upsert the indicators of the feed at `path` (source: the file name unless given), valid
     from now for `valid_days`, then sweep with the intel rules of `rules_dir`."""
     from pipelines.lake.merge import upsert
+    from pipelines.operations.running import refuse_while_rolling_back
 
+    refuse_while_rolling_back(lake.home, f"intel load {path.name}")  # its sweep appends alerts
     feed = read_feed(path)
     at = datetime.now(timezone.utc)
     name = source or path.name

@@ -138,13 +138,24 @@ def writer_lock(home: Home, command: str) -> WriterLock:
         raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}") from None
     # Looked for once the lock is ours: while a rollback runs, its plan is there too, and it is named
     # above as the holder, not taken for an interrupted one.
-    if command != ROLLBACK and (home.root / PENDING).exists():
-        os.close(fd)
-        raise RollbackPending(f"a rollback was interrupted on {home.root}: `{pending_command(home)}` "
-                              f"finishes it; then {command}")
+    if command != ROLLBACK:
+        try:
+            refuse_while_rolling_back(home, command)
+        except RollbackPending:
+            os.close(fd)
+            raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{command} (pid {os.getpid()}, since {time.strftime('%H:%M:%S', time.gmtime())} UTC)".encode(), 0)
     return WriterLock(fd)
+
+
+def refuse_while_rolling_back(home: Home, command: str) -> None:
+    """RollbackPending, in one line, when a rollback was interrupted on `home` (`PENDING`): for the
+    writers that do not take the writer lock (a backtest's or an intel sweep's alerts), which the
+    rollback's RESTORE, done again, would undo."""
+    if (home.root / PENDING).exists():
+        raise RollbackPending(f"a rollback was interrupted on {home.root}: `{pending_command(home)}` "
+                              f"finishes it; then {command}")
 
 
 def pending_command(home: Home) -> str:

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
+from pipelines.operations.running import refuse_while_rolling_back
 from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
 from pipelines.rules.engine import retry_on_conflict, rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
@@ -232,6 +233,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     """
     if start and end and start >= end:
         raise ValueError(f"--from {start} must be before --to {end}")
+    refuse_while_rolling_back(lake.home, f"add {rule.slug}'s missing alerts")
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
     try:
         lake.ensure(spark, ALERTS_TABLE)
