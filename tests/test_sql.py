@@ -321,6 +321,8 @@ def test_shell_runs_multi_line_statements_and_survives_errors(db):
         ".format csv",
         "SELECT count(*) AS n FROM silver_dns; SELECT 'a;b' AS s;",
         ".limit x",
+        ".limit 99999999999",
+        ".limit",
         "\\q",
         "SELECT 'never read';",
     ])
@@ -338,7 +340,9 @@ def test_shell_runs_multi_line_statements_and_survives_errors(db):
     assert err.getvalue().splitlines() == [
         "error: unknown table 'nope' (known: silver_dns)",
         "error: bad as-of 'yesterday': expected a version (12 or v12) or an ISO timestamp (2026-11-20T10:00:00Z)",
-        "error: unknown or incomplete command '.limit x'; .help lists them",
+        "error: .limit x: a row count from 0 (all) to 2147483646",
+        "error: .limit 99999999999: a row count from 0 (all) to 2147483646",
+        "error: unknown or incomplete command '.limit'; .help lists them",
     ]
 
 

@@ -90,8 +90,11 @@ class Shell:
             self._guarded(lambda: self._schema(rest))
         elif word == ".format" and rest in FORMATS:
             self.fmt = rest
-        elif word == ".limit" and rest.isdigit() and int(rest) <= MAX_ROWS:  # Spark's limit takes an int
-            self.limit = int(rest)
+        elif word == ".limit" and rest:
+            if rest.isdigit() and int(rest) <= MAX_ROWS:  # Spark's limit takes an int
+                self.limit = int(rest)
+            else:
+                self.err.write(f"error: .limit {rest}: a row count from 0 (all) to {MAX_ROWS}\n")
         elif word == ".as-of" and rest:
             try:
                 self.as_of = None if rest == "off" else parse_as_of(rest)
