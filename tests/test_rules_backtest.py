@@ -155,3 +155,27 @@ def test_rules_status_without_spark_shows_unrun_rules_and_the_packs_verdict(tmp_
     assert len({len(line) - len(line.split(None, 1)[1]) for line in lines.values()}) == 1, list(lines.values())
     version = validate_rule(RULES / "dns" / "dns_tunneling.sql").version
     assert lines["dns_tunneling"].split(None, 1)[1] == f"ok (v{version} not run yet)"
+
+
+def test_backtest_write_is_refused_before_spark_while_a_rollback_waits_to_be_finished(tmp_path, capsys):
+    from pipelines.cli import main
+    from pipelines.operations.running import PENDING
+
+    home = tmp_path / "home"
+    (home / "tables").mkdir(parents=True)
+    (home / PENDING).write_text(json.dumps({"command": "seclake rollback alerts --to-version 3"}))
+    assert main(["rules", "backtest", "dns_tunneling", "--write", "--home", str(home)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"a rollback was interrupted on {home}: `seclake rollback alerts --to-version 3` "
+                            "finishes it; then add dns_tunneling's missing alerts"), err
+
+
+def test_backtest_on_a_home_without_the_rules_tables_says_so_before_spark(tmp_path, capsys):
+    from pipelines.cli import main
+
+    home = tmp_path / "home"
+    (home / "tables").mkdir(parents=True)
+    assert main(["rules", "backtest", "dns_tunneling", "--home", str(home)]) == 2
+    err = capsys.readouterr().err
+    assert f"no table(s) ['enriched_dns'] under {home}/tables: run the pipeline first" in err
+    assert "Spark started" not in err  # said before the JVM's ~10 s start

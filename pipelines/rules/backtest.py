@@ -252,12 +252,17 @@ def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
     return collect_alerts(mark(run_batch(spark, rule, _loader(lake, rule, start, end)), lake))
 
 
-def _loader(lake: Lake, rule: Rule, start: datetime | None,
-            end: datetime | None) -> Callable[[SparkSession, str], DataFrame]:
-    """Each table of `rule` read from the lake, events in [start, end) only."""
+def check_tables(lake: Lake, rule: Rule) -> None:
+    """ValueError naming the tables `rule` reads that `lake` does not hold (no JVM needed)."""
     missing = [t for t in rule.tables if not lake.exists(t)]
     if missing:
         raise ValueError(f"no table(s) {missing} under {lake.home.tables}: run the pipeline first")
+
+
+def _loader(lake: Lake, rule: Rule, start: datetime | None,
+            end: datetime | None) -> Callable[[SparkSession, str], DataFrame]:
+    """Each table of `rule` read from the lake, events in [start, end) only."""
+    check_tables(lake, rule)
 
     def load(session: SparkSession, table: str) -> DataFrame:
         if table in rule.lookups:  # current state, whatever the range

@@ -221,9 +221,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
+    from pipelines.operations.running import refuse_while_rolling_back
     from pipelines.rules.backtest import (
         GROUND_TRUTH,
         backtest,
+        check_tables,
         load_ground_truth,
         parse_when,
         rule_at_revision,
@@ -250,6 +252,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no ground-truth file {truth}")
     if truth.is_file():
         load_ground_truth(truth)  # a bad record named before Spark starts, not after the backtest
+    if args.write:  # said before the backtest; `write_missing` refuses too
+        refuse_while_rolling_back(home, f"add {rule.slug}'s missing alerts")
+    check_tables(Lake(home), rule)  # said before Spark starts
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
     with Progress("backtest", total=2 + bool(args.write)) as progress:
