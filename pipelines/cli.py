@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pipelines.home import Home
 from pipelines.settings import command_settings, seconds_arg
@@ -130,6 +130,23 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """argparse's error, a missing command followed by the commands there are.
+
+        >>> parser = _Parser(prog="seclake alerts")
+        >>> verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+        >>> _ = verbs.add_parser("list"), verbs.add_parser("ack")
+        >>> import contextlib, io
+        >>> with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.suppress(SystemExit):
+        ...     parser.parse_args([])
+        >>> err.getvalue().splitlines()[-1]
+        'seclake alerts: error: the following arguments are required: COMMAND (one of: list, ack)'
+        """
+        commands = [action for action in self._actions if isinstance(action, argparse._SubParsersAction)]
+        if commands and message.endswith("required: COMMAND"):
+            message += f" (one of: {', '.join(commands[0].choices)})"
+        super().error(message)
+
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
         parsed, extras = super().parse_known_args(*args, **kwargs)
         if extras and not self._subparsers:
@@ -147,9 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="generate a sample day, run the whole pipeline once, print a summary")
     _home_arg(demo)
-    demo.add_argument("--hours", type=float, default=24)
-    demo.add_argument("--hosts", type=int, default=50)
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--hours", type=float, default=24, help="simulated hours of logs (default 24)")
+    demo.add_argument("--hosts", type=int, default=50, help="inventory devices (>= 5, default 50)")
+    demo.add_argument("--seed", type=int, default=7, help="random seed of the generator (default 7)")
     demo.set_defaults(func=cmd_demo)
 
     from sample_data.generator import add_arguments as add_generate_arguments

@@ -128,12 +128,12 @@ class Home:
         >>> generated.existing()
         Traceback (most recent call last):
         ...
-        ValueError: ... is not a seclake home (no tables/ folder); pass --home/home= or set SECLAKE_HOME
+        ValueError: ... is not a seclake home (no tables/ folder); is the path given (--home) or SECLAKE_HOME right?
         >>> tmp.cleanup()
         """
         if not (self.tables.is_dir() or (or_landing and self.landing.is_dir())):
             raise ValueError(f"{self.root} is not a seclake home (no tables/ folder); "
-                             "pass --home/home= or set SECLAKE_HOME")
+                             "is the path given (--home) or SECLAKE_HOME right?")
         return self
 
     def create(self) -> "Home":

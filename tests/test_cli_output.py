@@ -198,7 +198,7 @@ def test_rules_status_refuses_a_folder_that_is_not_a_home(tmp_path):
     typo = seclake("rules", "status", "--home", str(tmp_path / "nope"))
     assert typo.returncode == 2 and typo.stdout == "", typo.stdout
     assert typo.stderr == f"seclake rules: {tmp_path / 'nope'} is not a seclake home (no tables/ folder); " \
-                          "pass --home/home= or set SECLAKE_HOME\n"
+                          "is the path given (--home) or SECLAKE_HOME right?\n"
 
 
 @pytest.mark.parametrize("command", [["maintain", "--dry-run"], ["retention", "--dry-run"],
@@ -263,6 +263,15 @@ def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, c
     assert not (tmp_path / "nope").exists()
 
 
+@pytest.mark.parametrize(("args", "commands"), [
+    ([], "demo, generate, run-once"), (["alerts"], "list, incidents, show, ack"), (["rules"], "list, validate, test"),
+])
+def test_a_missing_command_is_refused_naming_the_commands_there_are(args, commands):
+    run = seclake(*args)
+    assert run.returncode == 2
+    assert f"error: the following arguments are required: COMMAND (one of: {commands}" in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["generate", "--hours", "inf"], "hours must be a number from 0.1 to 87840, got inf"),
     (["retention", "--dry-run", "--set", "retention_silver_days=1000000"],
@@ -284,6 +293,8 @@ def test_commands_that_keep_state_refuse_a_folder_that_is_not_a_home(tmp_path, c
     (["alerts", "list", "--limit", "3000000000"],
      "argument --limit: 3000000000 is not a row count from 1 to 2147483646"),
     (["sql", "SELECT 1", "--limit", "-1"], "argument --limit: -1 is not a row count from 0 to 2147483646"),
+    # Said after Spark had started, without "all".
+    (["alerts", "list", "--status", "bogus"], "--status bogus: expected open, acknowledged, closed or all"),
     # Accepted, and changed nothing: retention's setting given to maintain.
     (["maintain", "--dry-run", "--set", "retention_bronze_days=90"],
      "setting retention_bronze_days: seclake maintain does not read it (seclake retention does)"),

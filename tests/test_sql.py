@@ -195,7 +195,7 @@ def test_statements_on_stdin_run_in_order_up_to_the_first_that_fails(capsys, hom
 def test_a_home_without_tables_is_one_line_before_spark(capsys, tmp_path):
     code, _, err = run_cli(capsys, "sql", "--home", str(tmp_path / "nowhere"), "SELECT 1")
     assert code == 2 and err.strip() == f"seclake sql: {tmp_path / 'nowhere'} is not a seclake home " \
-                                        "(no tables/ folder); pass --home/home= or set SECLAKE_HOME"
+                                        "(no tables/ folder); is the path given (--home) or SECLAKE_HOME right?"
 
 
 def test_python_api_raises_sql_error(db):

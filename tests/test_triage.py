@@ -391,6 +391,14 @@ def test_an_assignee_or_author_left_blank_and_a_padded_device_are_refused():
         Suppression("device", " laptop-5 ", "padded")
 
 
+def test_the_queue_of_a_home_without_alerts_says_to_run_the_pipeline(spark, tmp_path, capsys):
+    home = Home.resolve(tmp_path / "home").create()  # tables/ made, no table in it yet
+    for command in (["alerts", "list"], ["alerts", "incidents"], ["alerts", "ack", "abcdef12"]):
+        assert main([*command, "--home", str(home.root)]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"seclake alerts: no alerts table in {home.root}: run the pipeline first"), command
+
+
 def test_a_suppression_on_a_malformed_mac_is_refused(lake, capsys):
     assert main(["suppress", "add", "--rule", "internal_port_scan", "--mac", "dc:a6:32:0b:38", "--reason", "x",
                  "--home", str(lake.home.root)]) == 2

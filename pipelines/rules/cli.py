@@ -22,7 +22,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     """
     rules = sub.add_parser("rules", help="detection rules: list, validate, test, backtest, coverage, status, "
                                          "enable (docs/rules.md)")
-    rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="RULES_COMMAND")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="COMMAND")
 
     listing = rules_sub.add_parser("list", help="one line per rule: file, version, severity, MITRE, name")
     rules_dir_arg(listing)
@@ -118,7 +118,8 @@ def find_rule(name: str, rules_dir: str | os.PathLike) -> Rule:
             raise RuleError(reason)
     close = difflib.get_close_matches(name, [r.slug for r in pack.rules], n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ValueError(f"no rule {name!r} in {rules_dir}; {hint}rules: {', '.join(r.slug for r in pack.rules)}")
+    raise ValueError(f"no rule {name!r} in {rules_dir}; {hint}rules: {', '.join(r.slug for r in pack.rules)} "
+                     "(a rule of another folder: --rules DIR)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -254,9 +255,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         load_ground_truth(truth)  # a bad record named before Spark starts, not after the backtest
     if args.write:  # said before the backtest; `write_missing` refuses too
         refuse_while_rolling_back(home, f"add {rule.slug}'s missing alerts")
-    check_tables(Lake(home), rule)  # said before Spark starts
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
+    check_tables(Lake(home), rule)  # said before Spark starts
     with Progress("backtest", total=2 + bool(args.write)) as progress:
         progress.working_on("starting Spark")
         spark = get_spark(app_name="seclake-rules-backtest", ui=False)

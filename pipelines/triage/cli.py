@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import getpass
+import re
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -16,6 +17,7 @@ from pipelines.rules.spec import RuleError
 from pipelines.rules.tables import PLATFORM_RULE_IDS, PLATFORM_RULE_PREFIX
 from pipelines.settings import rows_arg
 
+RULE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # as rule files write it
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
                 "suppressed by"]
@@ -142,6 +144,22 @@ def rule_id(name: str, rules_dir: Path) -> str:
         raise
 
 
+def _listed_rule(name: str, rules_dir: Path) -> str:
+    """`rule_id`; or `name` itself when it is a rule id no rule of `rules_dir` has (a rule of another
+    folder, or one since removed: its alerts keep its id, which `alerts list` shows for it).
+
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> _listed_rule("0b0c9a52-3c1e-4d8e-9f0a-5c3d2a1b7e11", RULES_DIR)
+    '0b0c9a52-3c1e-4d8e-9f0a-5c3d2a1b7e11'
+    """
+    try:
+        return rule_id(name, rules_dir)
+    except ValueError:
+        if RULE_ID.fullmatch(name):
+            return name
+        raise
+
+
 def _who(by: str | None) -> str:
     """`--by`, else the login name; ValueError when neither says who (a container with no user name)."""
     if by is not None:
@@ -225,8 +243,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     from pipelines.terminal import print_table
     from pipelines.triage.store import ACKNOWLEDGED, MIN_PREFIX, OPEN, STATUSES, queue
 
+    unknown = [s for s in args.status if s not in (*STATUSES, "all")]
+    if unknown:  # before Spark starts
+        raise ValueError(f"--status {', '.join(unknown)}: expected {', '.join(STATUSES)} or all")
     statuses = tuple(STATUSES) if "all" in args.status else tuple(args.status) or (OPEN, ACKNOWLEDGED)
-    rule = rule_id(args.rule, rules_folder(args)) if args.rule else None  # refused before Spark starts
+    rule = _listed_rule(args.rule, rules_folder(args)) if args.rule else None  # refused before Spark starts
     names = rule_names(rules_folder(args))
     spark, lake = _spark_and_lake(args)
     rows = queue(spark, lake, statuses, rule=rule, severity=args.severity, host=args.host,

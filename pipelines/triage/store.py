@@ -45,11 +45,15 @@ class Change:
             raise ValueError("--by: give a name (every change records who made it)")
 
 
+def _require_alerts(lake: Lake) -> None:
+    if not lake.exists(ALERTS_TABLE):
+        raise ValueError(f"no alerts table in {lake.home.root}: run the pipeline first")
+
+
 def resolve_ids(spark: SparkSession, lake: Lake, given: list[str]) -> list[str]:
     """The full alert ids that `given` (ids or unique prefixes) name; ValueError names each id
     that is too short, unknown or ambiguous."""
-    if not lake.exists(ALERTS_TABLE):
-        raise ValueError(f"no alerts table in {lake.home.root}: run the pipeline first")
+    _require_alerts(lake)
     given = [prefix.lower() for prefix in given]  # ids are lower-case hex
     condition = F.lit(False)
     for prefix in given:
@@ -137,6 +141,7 @@ def _changing(states: dict[str, tuple[str, str | None]], ids: list[str], change:
 def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
     """Every alert (suppressed ones too) with its triage state: `status` (open when never
     triaged), `assignee`, `notes`, `updated_by`, `updated_at`."""
+    _require_alerts(lake)
     alerts = lake.read(spark, ALERTS_TABLE)
     if "suppressed_by" not in alerts.columns:  # an alerts table written before suppressions
         alerts = alerts.withColumn("suppressed_by", F.lit(None).cast("string"))
