@@ -358,6 +358,19 @@ def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_onc
     found = [a for a in alerts(spark, lake) if a.rule_id == rule.id]
     assert len({a.alert_id for a in found}) == len(found) == 2
     assert sorted(str(a.window_start) for a in found) == ["2026-11-20 09:10:00", "2026-11-20 10:00:00"]
+    # A diff names its sides: a version needing 40 names a burst raises neither burst (30 names each),
+    # so against it the deployed rule's two alerts are new, and the other way round removed.
+    text = DGA.read_text()
+    assert "WHERE domains >= 20 " in text and f"version: {rule.version}\n" in text
+    stricter = validate_rule(text.replace("WHERE domains >= 20 ", "WHERE domains >= 40 ")
+                             .replace(f"version: {rule.version}\n", f"version: {rule.version + 1}\n"),
+                             slug="dga_nxdomain_burst")
+    diff = backtest(spark, lake, rule, start=start, end=end, against=stricter)
+    assert (len(diff.new), len(diff.removed)) == (2, 0)
+    assert f"dga_nxdomain_burst.sql v{rule.version} against dga_nxdomain_burst v{rule.version + 1}: 2 new" in (
+        "\n".join(diff.lines()))
+    reverse = backtest(spark, lake, stricter, start=start, end=end, against=rule)
+    assert (len(reverse.alerts), len(reverse.new), len(reverse.removed)) == (0, 0, 2)
 
 
 def test_a_rule_whose_table_nothing_wrote_yet_waits_beside_the_end_of_input_mark(spark, tmp_path):

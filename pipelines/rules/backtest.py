@@ -186,10 +186,22 @@ class Backtest:
                 out.append(f"not hit ({len(missed)} of the ground truth's {len(recall)} scenarios): "
                            f"{', '.join(missed)}")
         if self.against is not None:
-            out += ["", f"against v{self.against.version}: {len(self.new)} new, {len(self.removed)} removed"]
+            # Which is which, named: a draft given as --against reads as the deployed rule's diff reversed.
+            out += ["", f"{_version(self.rule)} against {_version(self.against)}: {len(self.new)} new (only the "
+                        f"first raises them), {len(self.removed)} removed (only the second raises them)"]
             out += [f"  + {_describe(a)}" for a in self.new]
             out += [f"  - {_describe(a)}" for a in self.removed]
         return out
+
+
+def _version(rule: Rule) -> str:
+    """A rule as a backtest's diff names it: its file's name when it has one, and its version.
+
+    >>> from pipelines.rules.pack import RULES_DIR
+    >>> _version(validate_rule(RULES_DIR / "dns" / "dns_tunneling.sql"))  # doctest: +ELLIPSIS
+    'dns_tunneling.sql v...'
+    """
+    return f"{rule.path.name if rule.path else rule.slug} v{rule.version}"
 
 
 def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None = None, end: datetime | None = None,

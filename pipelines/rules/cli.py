@@ -49,8 +49,9 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.A
     backtest.add_argument("--to", dest="end", default=None,
                           help="last event time: a date means through that day; an ISO-8601 time is exclusive")
     backtest.add_argument("--against", default=None, metavar="REV|PATH",
-                          help="compare with another version: a path to a .sql file, or a git revision "
-                               "(the rule's file at that commit, e.g. HEAD~1 or main)")
+                          help="the baseline RULE is compared with: a path to a .sql file (the deployed "
+                               "rule, RULE being a draft), or a git revision (the rule's file at that "
+                               "commit, e.g. HEAD~1 or main); new alerts are RULE's only")
     backtest.add_argument("--ground-truth", type=Path, default=None,
                           help="ground-truth file (default: <home>/ground_truth.jsonl when present)")
     backtest.add_argument("--write", action="store_true",
