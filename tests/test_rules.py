@@ -66,7 +66,10 @@ def test_rules_test_says_a_missing_tests_file_once(spark, tmp_path, capsys):
     out = capsys.readouterr()
     assert (out.out + out.err).count("dga_nxdomain_burst.tests.yml") == 1, out.out + out.err
     assert "<tests file>" in out.out and "LINT" not in out.out
-    assert out.err.strip() == "1 case(s), 1 failed"
+    # Progress on stderr, a line per rule as it is tested (a pack's cases take a minute), then the count.
+    assert out.err.strip().splitlines() == ["rules test [1/2] Spark started",
+                                            "rules test [2/2] dga_nxdomain_burst: 1 case(s), 1 failed",
+                                            "1 case(s), 1 failed"]
 
 
 def test_a_tests_file_that_is_not_utf8_is_a_rule_error_naming_it(tmp_path):

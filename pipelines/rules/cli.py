@@ -185,7 +185,7 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
 def cmd_test(args: argparse.Namespace) -> int:
     from pipelines.rules.testing import lint_rule, run_rule_tests
     from pipelines.spark import get_spark
-    from pipelines.terminal import print_table
+    from pipelines.terminal import Progress, print_table
 
     rules_dir = rules_folder(args)
     pack = scan_rules(rules_dir)
@@ -197,8 +197,16 @@ def cmd_test(args: argparse.Namespace) -> int:
     lint = [problem for rule in rules if _cases_load(rule) for problem in lint_rule(rule)]
     for problem in lint:
         print(f"LINT    {problem}")
-    spark = get_spark(app_name="seclake-rules-test", ui=False)
-    results = run_rule_tests(spark, rules)
+    with Progress("rules test", total=1 + len(rules)) as progress:
+        progress.working_on("starting Spark")
+        spark = get_spark(app_name="seclake-rules-test", ui=False)
+        progress.step("Spark started")
+
+        def said(rule: Rule, done: list) -> None:
+            failed = sum(not r.passed for r in done)
+            progress.step(f"{rule.slug}: {len(done)} case(s){f', {failed} failed' if failed else ''}")
+
+        results = run_rule_tests(spark, rules, on_rule=said)
     print_table(["rule", "case", "result", "why"],
                 [(r.rule, r.case, "PASS" if r.passed else "FAIL", r.message) for r in results])
     failed = sum(not r.passed for r in results)

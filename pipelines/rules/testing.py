@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
@@ -277,16 +278,19 @@ def _brief(alert: dict, named: list[str]) -> str:
     return "{" + ", ".join(f"{k}: {alert[k]}" for k in keys) + "}"
 
 
-def run_rule_tests(spark: SparkSession, rules: list[Rule]) -> list[CaseResult]:
-    """Every case of every rule; a rule whose tests file is missing or malformed is one failed result."""
+def run_rule_tests(spark: SparkSession, rules: list[Rule],
+                   on_rule: Callable[[Rule, list[CaseResult]], None] | None = None) -> list[CaseResult]:
+    """Every case of every rule; a rule whose tests file is missing or malformed is one failed
+    result. `on_rule` sees each rule's results as they come (a pack's cases take a minute)."""
     results: list[CaseResult] = []
     for rule in rules:
         try:
-            cases = load_cases(rule)
+            done = [run_case(spark, rule, case) for case in load_cases(rule)]
         except RuleError as exc:
-            results.append(CaseResult(rule.slug, "<tests file>", False, str(exc)))
-            continue
-        results.extend(run_case(spark, rule, case) for case in cases)
+            done = [CaseResult(rule.slug, "<tests file>", False, str(exc))]
+        results.extend(done)
+        if on_rule is not None:
+            on_rule(rule, done)
     return results
 
 
