@@ -156,7 +156,7 @@ def test_a_finding_a_newer_rule_version_raised_again_is_listed_once(spark, lake)
 def test_cli_acks_lists_and_shows(spark, lake, capsys):
     home = ["--home", str(lake.home.root)]
     assert main(["alerts", "ack", "aaaa11110", "cccc33330", "--note", "on it", "--by", "ana", *home]) == 0
-    assert "2 alert(s): status acknowledged with a note" in capsys.readouterr().out
+    assert "2 alerts (aaaa11110000, cccc33330000): status acknowledged with a note" in capsys.readouterr().out
     assert main(["alerts", "list", "--status", "acknowledged", *home]) == 0
     out = capsys.readouterr()
     rows = [line.split() for line in out.out.splitlines()[2:]]

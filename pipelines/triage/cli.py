@@ -303,6 +303,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ids(alert_ids: list[str], shown: int = 3) -> str:
+    """Alerts named as `alerts list` shows them, a long list counted.
+
+    >>> _ids(["a" * 32]), _ids([str(n) * 32 for n in range(5)])
+    ('1 alert (aaaaaaaaaaaa)', '5 alerts (000000000000, 111111111111, 222222222222, ...)')
+    """
+    from pipelines.triage.store import MIN_PREFIX
+
+    named = ", ".join(i[:MIN_PREFIX + 4] for i in alert_ids[:shown]) + (", ..." if len(alert_ids) > shown else "")
+    return f"{len(alert_ids)} alert{'' if len(alert_ids) == 1 else 's'} ({named})"
+
+
 def cmd_change(args: argparse.Namespace) -> int:
     from pipelines.triage.store import Change, apply
 
@@ -311,10 +323,10 @@ def cmd_change(args: argparse.Namespace) -> int:
     spark, lake = _spark_and_lake(args)
     applied = apply(spark, lake, args.alerts, change)
     what = f"status {change.status}" if change.status else f"assigned to {change.assignee}"
-    already = f"{len(applied.unchanged)} alert(s) already {what.removeprefix('status ')}"
+    already = f"{_ids(applied.unchanged)} already {what.removeprefix('status ')}"
     if applied.version is None:
         print(f"{already}: nothing written")
     else:
-        print(f"{len(applied.changed)} alert(s): {what}{' with a note' if change.note else ''} "
+        print(f"{_ids(applied.changed)}: {what}{' with a note' if change.note else ''} "
               f"(alert_triage v{applied.version})" + (f"; {already}" if applied.unchanged else ""))
     return 0
