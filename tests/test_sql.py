@@ -340,6 +340,7 @@ def test_shell_runs_multi_line_statements_and_survives_errors(db):
     assert err.getvalue().splitlines() == [
         "error: unknown table 'nope' (known: silver_dns)",
         "error: bad as-of 'yesterday': expected a version (12 or v12) or an ISO timestamp (2026-11-20T10:00:00Z)",
+        "every table read as of version 0 (.as-of off: as of now)",
         "error: .limit x: a row count from 0 (all) to 2147483646",
         "error: .limit 99999999999: a row count from 0 (all) to 2147483646",
         "error: unknown or incomplete command '.limit'; .help lists them",

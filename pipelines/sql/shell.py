@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from datetime import timezone
 from typing import TYPE_CHECKING, TextIO
 
 from pipelines.settings import MAX_ROWS
@@ -100,6 +101,12 @@ class Shell:
                 self.as_of = None if rest == "off" else parse_as_of(rest)
             except ValueError as exc:
                 self.err.write(f"error: {exc}\n")
+            else:  # said: it changes what every following statement reads
+                pinned = (f"version {self.as_of}" if isinstance(self.as_of, int)
+                          else f"{self.as_of.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC" if self.as_of is not None
+                          else None)
+                self.err.write(f"every table read as of {pinned} (.as-of off: as of now)\n" if pinned
+                               else "every table read as of now\n")
         else:
             self.err.write(f"error: unknown or incomplete command {line!r}; .help lists them\n")
         return True
