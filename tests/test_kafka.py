@@ -302,6 +302,29 @@ def test_ship_leaves_out_suricatas_text_logs_and_compressed_rotations_and_eve_li
     assert "eve.json.1.gz is compressed: not shipped" in caplog.text
 
 
+def test_ship_says_a_folder_has_no_current_log_and_ships_its_rotations_once_one_appears(broker, tmp_path, caplog):
+    """The shipper started before the sensor (or between a rotation's rename and the new file): a
+    current file first seen after its start went from its first line, the rotated files of its
+    kind (a never-shipped topic's history, or the rest of the file shipped last) never shipped."""
+    from pipelines.kafka.ship import Shipper
+
+    folder = tmp_path / "zeek"
+    folder.mkdir()
+    old = [b'{"_path":"dns","n":%d}' % i for i in range(3)]
+    (folder / "dns.2026-11-20-00-00-00.log").write_bytes(b"\n".join(old) + b"\n")
+    with caplog.at_level("WARNING", logger="seclake"):
+        shipper = Shipper(folder, broker.bootstrap)
+        shipper.step()
+        assert shipper.shipped == 0
+        assert f"no current log in {folder}" in caplog.text
+        new = [b'{"_path":"dns","n":%d}' % i for i in range(3, 5)]
+        (folder / "dns.log").write_bytes(b"\n".join(new) + b"\n")
+        shipper.step()
+        shipper.flush()
+    assert shipper.shipped == 5
+    assert consume_all(broker.bootstrap, "zeek.dns", 5) == old + new
+
+
 # ---- the ETL from Kafka: topics -> bronze, quarantine, silver, exactly the file path's rows ------
 
 def sensor_folders(gen: Path, manifest: dict, root: Path) -> set[Path]:

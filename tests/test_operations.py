@@ -91,7 +91,11 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     assert "checkpoint etl" in text and f"rewind to batch {last - 1}" in text and "enriched_dns" in text
     assert {n: lake.read(spark, n).count() for n in ("silver_dns",)} == versions  # the dry run changed nothing
 
-    rollback(spark, lake, "silver_dns", 0, cascade=True)
+    done: list[str] = []  # each step as it is done (the command's progress lines)
+    rollback(spark, lake, "silver_dns", 0, cascade=True, on_step=lambda step: done.append(step.done()))
+    assert len(done) == len(plan.tables) + len(plan.checkpoints) and "silver_dns at version 0" in done
+    assert f"checkpoint etl rewound to batch {last - 1}" in done and done.index("silver_dns at version 0") < done.index(
+        f"checkpoint etl rewound to batch {last - 1}")  # tables first
     assert lake.read(spark, "silver_dns").where(F.col("event_id").startswith("bad-")).count() == 0
     reports = run_once(spark, lake, SETTINGS)
     assert not any(r.error for r in reports), [(r.name, r.error) for r in reports if r.error]
@@ -246,6 +250,22 @@ def test_kept_batch_spans_the_batches_that_wrote_nothing_to_the_table():
     assert _kept_batch(history, "other", 1) is None
 
 
+def test_a_version_holding_a_batch_a_rollback_undid_is_refused_though_the_batch_ran_again():
+    # A platform engineer's walkthrough: batch 1 rolled back (RESTORE of version 1), run again as
+    # version 5 under the same batch id. Version 2 holds the undone rows: planned as "nothing of the
+    # ETL after it", it would have put them back into silver_dns alone, the ETL's checkpoint untouched.
+    history = [{"version": 0, "operation": "WRITE", "app_id": "etl", "batch_id": 0},
+               {"version": 1, "operation": "OPTIMIZE", "app_id": None, "batch_id": None},
+               {"version": 2, "operation": "WRITE", "app_id": "etl", "batch_id": 1},
+               {"version": 3, "operation": "RESTORE", "parameters": {"version": 1}, "app_id": None, "batch_id": None},
+               {"version": 4, "operation": "Manual Update", "app_id": "etl", "batch_id": 0},
+               {"version": 5, "operation": "WRITE", "app_id": "etl", "batch_id": 1}]
+    with pytest.raises(ValueError, match="version 2 holds batches of etl that a later rollback or reset removed"):
+        _kept_batch(history, "etl", 2)
+    assert _kept_batch(history, "etl", 3) == 0 and _kept_batch(history, "etl", 1) == 0  # batch 1 undone again
+    assert _kept_batch(history, "etl", 5) is None
+
+
 def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     lake = Lake(Home.resolve(tmp_path / "home").create())
     with writer_lock(lake.home, STREAM):  # this process stands for a live `seclake stream`
@@ -263,6 +283,8 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     assert running_stream(lake.home) is None
     with pytest.raises(ValueError, match="unknown table"):
         plan_rollback(lake, "silver_nope", 0)
+    with pytest.raises(ValueError, match="unknown table 'silver_dnss'; did you mean 'silver_dns'?"):
+        plan_rollback(lake, "silver_dnss", 0)
     with pytest.raises(ValueError, match="does not exist"):
         plan_rollback(lake, "silver_dns", 0)
 

@@ -228,6 +228,7 @@ class Shipper:
         self.failure: str | None = None
         self.done: set[str] = set()  # files shipped to their end and closed (rotated)
         self.compressed: set[str] = set()  # compressed rotated files already said to be skipped
+        self.said_empty = False  # a folder without any current log, said once
 
     def _error(self, error: object) -> None:
         from confluent_kafka import KafkaError
@@ -260,19 +261,29 @@ class Shipper:
         """One pass: follow rotations, send every complete new line of every current file."""
         if self.resume is None:
             self._start()
-        for topic, path in self._current().items():
+        current = self._current()
+        if not current and not self.said_empty:
+            self.said_empty = True
+            log.warning("no current log in %s (Zeek's conn.log, dns.log, ...; Suricata's eve.json): waiting for "
+                        "one (rotated files are shipped once the current file of their kind is there)", self.folder)
+        for topic, path in current.items():
             tail = self.tails.get(topic)
+            if tail is None:
+                # Its first current file since the start (the sensor started later, or the shipper
+                # started between a rotation's rename and the new file): resumed as at the start, so
+                # the rotated file's rest, or every rotated file of a topic never shipped, goes first.
+                self._resume({topic: self._open(topic, path)})
+                tail = self.tails[topic]
             stat = path.stat()
-            if tail is not None and tail.ident == file_id(stat) and stat.st_size < tail.pos:
+            if tail.ident == file_id(stat) and stat.st_size < tail.pos:
                 # Truncated in place (copytruncate rotation): what it held before is shipped.
                 log.warning("%s was truncated; shipping it again from its start", path)
                 tail.handle.seek(0)  # type: ignore[attr-defined]
                 tail.pos, tail.partial = 0, b""
-            if tail is None or tail.ident != file_id(stat):
+            if tail.ident != file_id(stat):
                 # Opened before the rotated files are listed: a rotation from here on is seen next pass.
                 new = self._open(topic, path)
-                if tail is not None:
-                    self._finish(tail, new)
+                self._finish(tail, new)
                 tail = self.tails[topic] = new
             self._send_lines(tail)
         self.producer.poll(0)
@@ -293,11 +304,16 @@ class Shipper:
                 if (topic := topic_of(path.name)) is not None and path.is_file()}
 
     def _start(self) -> None:
-        """The first pass: hold the current files open, then resume each topic after the line its
-        last message holds; when that line's file was rotated since, ship the rest of it and the
-        files rotated after it first. A topic never shipped to starts with the oldest file."""
-        held = {topic: self._open(topic, path) for topic, path in self._current().items()}
-        self.resume = resume_points(self.bootstrap, sorted(held))
+        """The first pass: hold the current files open, then resume each topic (`_resume`)."""
+        self.resume = {}
+        self._resume({topic: self._open(topic, path) for topic, path in self._current().items()})
+
+    def _resume(self, held: dict[str, Tail]) -> None:
+        """Resume each topic of `held` (its current file, open) after the line its last message
+        holds; when that line's file was rotated since, ship the rest of it and the files rotated
+        after it first. A topic never shipped to starts with the oldest file."""
+        assert self.resume is not None
+        self.resume.update(resume_points(self.bootstrap, sorted(held)))
         for topic, tail in held.items():
             point = self.resume.get(topic)
             if point is None:

@@ -1,6 +1,7 @@
 """The table registry: every seclake table's name, layer, schema and partitioning, in one place."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -103,7 +104,9 @@ class Lake:
         try:
             return TABLES[name]
         except KeyError:
-            raise ValueError(f"unknown table {name!r}; known tables: {', '.join(sorted(TABLES))}") from None
+            close = difflib.get_close_matches(name, TABLES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown table {name!r}; {hint}known tables: {', '.join(sorted(TABLES))}") from None
 
     @staticmethod
     def names() -> list[str]:

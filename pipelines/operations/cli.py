@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -59,21 +59,28 @@ def _lake(args: argparse.Namespace):
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from pipelines.operations.rollback import rollback
+    from pipelines.terminal import Progress
 
     lake = _lake(args)
+    with contextlib.ExitStack() as stack:
+        progress: list[Progress] = []  # entered once the plan is printed: a live bar goes below it
 
-    def start_spark():
-        from pipelines.spark import get_spark
+        def show(plan) -> None:  # before anything changes: a long apply has said what it does
+            for line in plan.lines():
+                print(line, flush=True)
+            if not args.dry_run and plan.steps():
+                progress.append(stack.enter_context(Progress("rollback", total=len(plan.tables)
+                                                             + len(plan.checkpoints))))
 
-        print("seclake rollback: applying the plan (starting Spark)...", file=sys.stderr, flush=True)
-        return get_spark(app_name="seclake-rollback")
+        def start_spark():
+            from pipelines.spark import get_spark
 
-    def show(plan) -> None:  # before anything changes: a long apply has said what it does
-        for line in plan.lines():
-            print(line, flush=True)
+            progress[0].working_on("starting Spark")
+            return get_spark(app_name="seclake-rollback")
 
-    plan = rollback(start_spark, lake, args.table, None if args.empty else args.to_version, cascade=args.cascade,
-                    dry_run=args.dry_run, on_plan=show)
+        plan = rollback(start_spark, lake, args.table, None if args.empty else args.to_version,
+                        cascade=args.cascade, dry_run=args.dry_run, on_plan=show,
+                        on_step=lambda step: progress[0].step(step.done()))
     print("dry run: nothing changed" if args.dry_run else
           "done: the next `seclake run-once` reprocesses from here" if plan.steps() else "nothing changed")
     return 0

@@ -72,6 +72,10 @@ class TableStep:
         txn = f"  txn {', '.join(f'{a}={b}' for a, b in sorted(self.txn.items()))}" if self.txn else ""
         return f"  table {self.table:<20} version {self.current} -> {goal}{txn}  ({self.reason})"
 
+    def done(self) -> str:
+        """The step once applied, in a few words (progress)."""
+        return f"{self.table} {'emptied' if self.target is None else f'at version {self.target}'}"
+
 
 @dataclass(frozen=True)
 class CheckpointStep:
@@ -85,6 +89,11 @@ class CheckpointStep:
     def line(self) -> str:
         action = "delete" if self.rewind_to is None else f"rewind to batch {self.rewind_to}"
         return f"  checkpoint {self.stage:<15} {action}  ({self.reason})"
+
+    def done(self) -> str:
+        """The step once applied, in a few words (progress)."""
+        action = "deleted" if self.rewind_to is None else f"rewound to batch {self.rewind_to}"
+        return f"checkpoint {self.stage} {action}"
 
 
 @dataclass
@@ -124,7 +133,9 @@ def _history(lake: Lake, table: str) -> list[dict[str, Any]]:
     return sorted(commits(lake.path(table)), key=lambda c: c["version"])
 
 
-Held = frozenset[tuple[int, int]]  # (generation, batch id) pairs of one writer
+# (generation, batch id, version of the append) of one writer's batches: a batch run again after a
+# rollback cut its checkpoint back has the id it had, not the rows.
+Held = frozenset[tuple[int, int, int]]
 
 
 def _held(history: list[dict[str, Any]], app_id: str) -> dict[int, Held]:
@@ -136,10 +147,11 @@ def _held(history: list[dict[str, Any]], app_id: str) -> dict[int, Held]:
     >>> history = [{"version": 0, "operation": "WRITE", "app_id": "etl", "batch_id": 0},
     ...            {"version": 1, "operation": "WRITE", "app_id": "etl", "batch_id": 1},
     ...            {"version": 2, "operation": "RESTORE", "parameters": {"version": 0}},
-    ...            {"version": 3, "operation": "DELETE", "parameters": {"predicate": '["true"]'}},
-    ...            {"version": 4, "operation": "WRITE", "app_id": "etl", "batch_id": 0}]
+    ...            {"version": 3, "operation": "WRITE", "app_id": "etl", "batch_id": 1},
+    ...            {"version": 4, "operation": "DELETE", "parameters": {"predicate": '["true"]'}},
+    ...            {"version": 5, "operation": "WRITE", "app_id": "etl", "batch_id": 0}]
     >>> [sorted(batches) for batches in _held(history, "etl").values()]
-    [[(0, 0)], [(0, 0), (0, 1)], [(0, 0)], [], [(1, 0)]]
+    [[(0, 0, 0)], [(0, 0, 0), (0, 1, 1)], [(0, 0, 0)], [(0, 0, 0), (0, 1, 3)], [], [(1, 0, 5)]]
     """
     held: dict[int, Held] = {}
     now: Held = frozenset()
@@ -156,7 +168,7 @@ def _held(history: list[dict[str, Any]], app_id: str) -> dict[int, Held]:
         elif operation == "DELETE" and parameters.get("predicate") in ('["true"]', "[]"):
             generation, now = generation + 1, frozenset()
         elif operation == WRITE and commit["app_id"] == app_id and commit["batch_id"] is not None:
-            now = now | {(generation, commit["batch_id"])}
+            now = now | {(generation, commit["batch_id"], commit["version"])}
         held[commit["version"]] = now
     return held
 
@@ -169,11 +181,11 @@ def _kept_batch(history: list[dict[str, Any]], app_id: str, version: int) -> int
     held = _held(history, app_id)
     then, now = held[version], held[history[-1]["version"]]
     extra = now - then
-    if not then <= now or any(g != max(now)[0] for g, _ in extra) \
-            or (extra and any(b >= min(b for _, b in extra) for _, b in then)):
+    if not then <= now or any(g != max(now)[0] for g, _, _ in extra) \
+            or (extra and any(b >= min(b for _, b, _ in extra) for _, b, _ in then)):
         raise ValueError(f"version {version} holds batches of {app_id} that a later rollback or reset "
                          "removed: roll back to a version committed since, or use --empty")
-    return min(b for _, b in extra) - 1 if extra else None
+    return min(b for _, b, _ in extra) - 1 if extra else None
 
 
 def _before_batch(history: list[dict[str, Any]], app_id: str, batch: int) -> int | None:
@@ -201,7 +213,7 @@ def _txn_resets(history: list[dict[str, Any]], target: int | None) -> dict[str, 
     # Rules are left out: a reset rule's new checkpoint writes under a new app id.
     apps = {c["app_id"] for c in history if c["version"] > upto and c["operation"] == WRITE and c["app_id"]
             and not c["app_id"].startswith("rule:")}
-    return {app: max((b for _, b in _held(history, app)[target]), default=-1) if target is not None else -1
+    return {app: max((b for _, b, _ in _held(history, app)[target]), default=-1) if target is not None else -1
             for app in sorted(apps)}
 
 
@@ -359,10 +371,11 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
     return plan
 
 
-def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
-    """Carry out `plan`: tables first, then checkpoints. Every step can be done again (a RESTORE to
-    the same version, the same txn reset, a rewind or a removal already done), which is how
-    `rollback` finishes a plan an interruption left half done (`PENDING`)."""
+def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan,
+               on_step: Callable[[TableStep | CheckpointStep], None] | None = None) -> None:
+    """Carry out `plan`: tables first, then checkpoints, `on_step` told of each once done. Every step
+    can be done again (a RESTORE to the same version, the same txn reset, a rewind or a removal
+    already done), which is how `rollback` finishes a plan an interruption left half done (`PENDING`)."""
     from pipelines.lake.admin import delete_all, restore, set_transactions
 
     for step in plan.tables:
@@ -375,11 +388,15 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan) -> None:
             set_transactions(spark, path, step.txn)
         if step.table == ALERTS_TABLE and step.target != step.current:
             _keep_platform_alerts(spark, lake, step.current)
+        if on_step is not None:
+            on_step(step)
     for ck in plan.checkpoints:
         if ck.rewind_to is None:
             remove_tree(ck.path)
         else:
             rewind_checkpoint(ck.path, ck.rewind_to)
+        if on_step is not None:
+            on_step(ck)
 
 
 def _keep_platform_alerts(spark: SparkSession, lake: Lake, version: int) -> None:
@@ -425,11 +442,12 @@ def pending_plan(lake: Lake) -> RollbackPlan | None:
 
 def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake, table: str, version: int | None,
              cascade: bool = False, dry_run: bool = False, rules_dir: str | Path | None = None,
-             on_plan: Callable[[RollbackPlan], None] | None = None) -> RollbackPlan:
+             on_plan: Callable[[RollbackPlan], None] | None = None,
+             on_step: Callable[[TableStep | CheckpointStep], None] | None = None) -> RollbackPlan:
     """Plan and (unless `dry_run`) apply a rollback; the rollback refuses while a stream runs on the home.
 
     `spark` may be a function making the session: it is called only when there is something to do.
-    `on_plan` sees the plan before anything changes (the command prints it).
+    `on_plan` sees the plan before anything changes (the command prints it), `on_step` each step done.
     """
     from pipelines.operations.running import refuse_while_streaming, writer_lock
 
@@ -450,7 +468,7 @@ def rollback(spark: SparkSession | Callable[[], SparkSession] | None, lake: Lake
             if spark is None:
                 raise ValueError("a rollback that is not a dry run needs a SparkSession")
             save_pending(lake, plan)
-            apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan)
+            apply_plan(spark if isinstance(spark, SparkSession) else spark(), lake, plan, on_step)
             (lake.home.root / PENDING).unlink()
     return plan
 
