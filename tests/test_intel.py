@@ -195,6 +195,13 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     busy.add_run(DagsterRun(job_name="run_once_job", run_id="b" * 36, status=DagsterRunStatus.STARTED))
     waiting = intel.intel_sensor(build_sensor_context(cursor=first.cursor, instance=busy, resources={"lake": resource}))
     assert isinstance(waiting, SkipReason) and "wait for run" in waiting.skip_message
+    # So do they while a rollback waits to be finished: its run would be refused, the cursor past the feed.
+    from pipelines.operations.running import PENDING
+
+    (lake.home.root / PENDING).write_text('{"command": "seclake rollback alerts --to-version 3"}')
+    held = tick(first.cursor)
+    (lake.home.root / PENDING).unlink()
+    assert isinstance(held, SkipReason) and "seclake rollback alerts --to-version 3" in held.skip_message
 
     # The job the sensor requests, run with its config.
     defs = build_definitions(resources={"spark": SparkResource(ui=False), "lake": resource})

@@ -137,6 +137,13 @@ def test_a_rollback_interrupted_after_its_first_restore_and_run_again_ends_equal
         run_once(spark, lake, SETTINGS)
     with pytest.raises(ValueError, match="a rollback was interrupted"):
         rollback(spark, lake, table, None, cascade=True)
+    # While a rollback runs its plan is there too: the appends below are told it runs, not that it was interrupted.
+    from pipelines.operations.running import ROLLBACK, refuse_while_rolling_back
+
+    with writer_lock(lake.home, ROLLBACK):
+        with pytest.raises(HomeBusy, match="seclake rollback .* is writing .*: wait for it to finish before x") as busy:
+            refuse_while_rolling_back(lake.home, "x")
+        assert not isinstance(busy.value, RollbackPending)
     # Nor do the appends to alerts that take no writer lock: the RESTORE of alerts, done again, would undo them.
     from pipelines.intel.store import load
     from pipelines.rules.backtest import write_missing

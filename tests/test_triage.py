@@ -248,6 +248,8 @@ def test_suppressions_mark_matching_alerts_and_only_while_active(spark, lake):
     ended, _ = add(spark, lake, Suppression("ip", "10.0.0.7", "ended early"), now=T0)
     # The same one again (a command run twice): the one in force, nothing added; once it has ended, a new one.
     assert add(spark, lake, Suppression("mac", "aa:bb:cc:00:00:06", "again"), now=T0) == (mac, False)
+    assert add(spark, lake, Suppression("device", "Laptop-5", "again", rule_id=RULE_IDS["dga_nxdomain_burst"]),
+               now=T0) == (device, False)  # matched in any case: the same device
     version = expire(spark, lake, ended, now=T0 + timedelta(minutes=5))
     assert isinstance(version, int)
     # Ended already (by hand, or past its expires_at): said with when, nothing written.

@@ -34,6 +34,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from pipelines.intel.feeds import skipped_summary
     from pipelines.intel.store import load
     from pipelines.lake.registry import Lake
+    from pipelines.operations.running import refuse_while_rolling_back
     from pipelines.settings import MAX_DAYS
     from pipelines.spark import get_spark
 
@@ -43,6 +44,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if not args.file.is_file():  # before Spark starts: a typo costs no JVM
         raise ValueError(f"indicator file {args.file} does not exist")
     lake = Lake(Home.resolve(args.home).existing(or_landing=True))
+    refuse_while_rolling_back(lake.home, f"intel load {args.file.name}")  # before Spark starts; `load` checks too
     result = load(get_spark(app_name="seclake-intel", ui=False), lake, args.file, source=args.source,
                   valid_days=args.valid_days, sweep_days=args.sweep_days)
     print(f"loaded {result.indicators} indicator(s) from {args.file} into indicators v{result.version}",

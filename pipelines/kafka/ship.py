@@ -266,14 +266,21 @@ class Shipper:
             self.said_empty = True
             log.warning("no current log in %s (Zeek's conn.log, dns.log, ...; Suricata's eve.json): waiting for "
                         "one (rotated files are shipped once the current file of their kind is there)", self.folder)
+        seen = {topic: self._open(topic, path) for topic, path in current.items() if topic not in self.tails}
+        if seen:
+            # First current files since the start (the sensor started later, or the shipper started
+            # between a rotation's rename and the new file): resumed as at the start, so the rotated
+            # file's rest, or every rotated file of a topic never shipped, goes first.
+            try:
+                self._resume(seen)
+            except RuntimeError as exc:  # the broker is away: nothing of them is sent until it answers
+                for tail in seen.values():
+                    tail.handle.close()  # type: ignore[attr-defined]
+                log.warning("%s: not shipped until the broker says where they go on (tried again next pass): %s",
+                            ", ".join(sorted(seen)), exc)
+                current = {topic: path for topic, path in current.items() if topic not in seen}
         for topic, path in current.items():
-            tail = self.tails.get(topic)
-            if tail is None:
-                # Its first current file since the start (the sensor started later, or the shipper
-                # started between a rotation's rename and the new file): resumed as at the start, so
-                # the rotated file's rest, or every rotated file of a topic never shipped, goes first.
-                self._resume({topic: self._open(topic, path)})
-                tail = self.tails[topic]
+            tail = self.tails[topic]
             stat = path.stat()
             if tail.ident == file_id(stat) and stat.st_size < tail.pos:
                 # Truncated in place (copytruncate rotation): what it held before is shipped.

@@ -386,7 +386,8 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan,
             elif step.target != step.current:
                 restore(spark, path, step.target)
             set_transactions(spark, path, step.txn)
-        if step.table == ALERTS_TABLE and step.target != step.current:
+        if step.table == ALERTS_TABLE and step.target != step.current and (plan.table, plan.version) != (
+                ALERTS_TABLE, None):  # `rollback alerts --empty` asks for no alert at all
             _keep_platform_alerts(spark, lake, step.current)
         if on_step is not None:
             on_step(step)

@@ -138,24 +138,46 @@ def writer_lock(home: Home, command: str) -> WriterLock:
         raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}") from None
     # Looked for once the lock is ours: while a rollback runs, its plan is there too, and it is named
     # above as the holder, not taken for an interrupted one.
-    if command != ROLLBACK:
-        try:
-            refuse_while_rolling_back(home, command)
-        except RollbackPending:
-            os.close(fd)
-            raise
+    if command != ROLLBACK and (home.root / PENDING).exists():
+        os.close(fd)
+        raise _interrupted(home, command)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{command} (pid {os.getpid()}, since {time.strftime('%H:%M:%S', time.gmtime())} UTC)".encode(), 0)
     return WriterLock(fd)
 
 
 def refuse_while_rolling_back(home: Home, command: str) -> None:
-    """RollbackPending, in one line, when a rollback was interrupted on `home` (`PENDING`): for the
-    writers that do not take the writer lock (a backtest's or an intel sweep's alerts), which the
-    rollback's RESTORE, done again, would undo."""
-    if (home.root / PENDING).exists():
-        raise RollbackPending(f"a rollback was interrupted on {home.root}: `{pending_command(home)}` "
-                              f"finishes it; then {command}")
+    """For the writers that take no writer lock (a backtest's or an intel sweep's alerts), which a
+    rollback's RESTORE of `alerts` would undo: HomeBusy naming the rollback while one runs on `home`,
+    RollbackPending when one was interrupted there (`PENDING`), each in one line."""
+    if not (home.root / PENDING).exists():
+        return
+    holder = _lock_holder(home)
+    if holder is not None:  # its plan is there while it runs
+        raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}")
+    raise _interrupted(home, command)
+
+
+def _interrupted(home: Home, command: str) -> RollbackPending:
+    return RollbackPending(f"a rollback was interrupted on {home.root}: `{pending_command(home)}` "
+                           f"finishes it; then {command}")
+
+
+def _lock_holder(home: Home) -> str | None:
+    """The line of the process holding `home`'s writer lock, None when no process holds it."""
+    try:
+        fd = os.open(home.root / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def pending_command(home: Home) -> str:
