@@ -23,7 +23,8 @@ The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what
   committed before the first commit this rollback removes upstream; alerts have stable ids and
   rules skip the ids the table holds, so re-running every rule adds exactly the missing ones. The
   platform's own alerts (a rule disabled, rows a rule dropped as late) are not the rules' output
-  and no re-run writes them again: those the restore removes are appended back.
+  and no re-run writes them again: those the restore removes are appended back (not by
+  `rollback alerts --empty`, which asks for none).
 - Every table moved back also gets its writers' Delta txn ids set back to the last batch it keeps:
   RESTORE and DELETE leave them, and a writer replaying a batch id above them would be skipped.
 
