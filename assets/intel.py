@@ -23,7 +23,7 @@ from pydantic import Field
 from assets.automation import active_lake_run, landing_files, new_files
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, table_key, table_state
-from pipelines.operations.running import PENDING, RollbackPending, pending_command
+from pipelines.operations.running import HomeBusy, RollbackPending, refuse_while_rolling_back
 from pipelines.settings import MAX_DAYS
 
 INTEL_JOB = "intel_load_job"
@@ -85,10 +85,10 @@ def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
     changed = new_files(current, json.loads(context.cursor) if context.cursor else {})
     if not changed:
         return SkipReason(f"no new or changed feed under {folder}")
-    if (lake.lake.home.root / PENDING).exists():
-        # Its run would be refused, not retried, and the cursor past the feed: it waits instead.
-        return SkipReason(f"{len(changed)} new or changed feed(s) wait for the rollback on {lake.lake.home.root} "
-                          f"to be finished (`{pending_command(lake.lake.home)}`)")
+    try:
+        refuse_while_rolling_back(lake.lake.home, f"{len(changed)} new or changed feed(s) are loaded")
+    except HomeBusy as err:  # its run would be refused, not retried, and the cursor past the feed: it waits
+        return SkipReason(str(err))
     busy = active_lake_run(context.instance)
     if busy:
         # The sweep appends to `alerts` beside the rules' own appends; the cursor is kept, so the

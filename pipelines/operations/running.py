@@ -133,9 +133,9 @@ def writer_lock(home: Home, command: str) -> WriterLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        busy = _busy(fd, home, command)
         os.close(fd)
-        raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}") from None
+        raise busy from None
     # Looked for once the lock is ours: while a rollback runs, its plan is there too, and it is named
     # above as the holder, not taken for an interrupted one.
     if command != ROLLBACK and (home.root / PENDING).exists():
@@ -152,9 +152,9 @@ def refuse_while_rolling_back(home: Home, command: str) -> None:
     RollbackPending when one was interrupted there (`PENDING`), each in one line."""
     if not (home.root / PENDING).exists():
         return
-    holder = _lock_holder(home)
-    if holder is not None:  # its plan is there while it runs
-        raise HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}")
+    busy = _running(home, command)
+    if busy is not None:  # its plan is there while it runs
+        raise busy
     raise _interrupted(home, command)
 
 
@@ -163,8 +163,14 @@ def _interrupted(home: Home, command: str) -> RollbackPending:
                            f"finishes it; then {command}")
 
 
-def _lock_holder(home: Home) -> str | None:
-    """The line of the process holding `home`'s writer lock, None when no process holds it."""
+def _busy(fd: int, home: Home, command: str) -> HomeBusy:
+    """HomeBusy naming the holder of the writer lock open as `fd` (its line in the lock file)."""
+    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    return HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}")
+
+
+def _running(home: Home, command: str) -> HomeBusy | None:
+    """HomeBusy naming the process holding `home`'s writer lock, None when no process holds it."""
     try:
         fd = os.open(home.root / LOCK, os.O_RDONLY)
     except FileNotFoundError:
@@ -173,7 +179,7 @@ def _lock_holder(home: Home) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            return _busy(fd, home, command)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

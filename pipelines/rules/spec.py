@@ -329,6 +329,18 @@ def split_metadata(text: str) -> tuple[dict, str]:
     return meta, stripped[end + 2:]
 
 
+def is_rule_id(text: str) -> bool:
+    """Whether `text` is written as a rule's id is: a UUID in canonical lower-case form.
+
+    >>> is_rule_id("0b0c9a52-3c1e-4d8e-9f0a-5c3d2a1b7e11"), is_rule_id("0B0C9A52-3C1E-4D8E-9F0A-5C3D2A1B7E11")
+    (True, False)
+    """
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
 def _check_metadata(meta: dict) -> dict:
     allowed = (*REQUIRED_METADATA, *OPTIONAL_METADATA, "watermark", "emit", "realtime")
     unknown = sorted(set(map(str, meta)) - set(allowed))
@@ -338,12 +350,9 @@ def _check_metadata(meta: dict) -> dict:
     if missing:
         raise RuleError(f"metadata field(s) {missing} missing or empty")
     rule_id = str(meta["id"])
-    try:
-        if str(uuid.UUID(rule_id)) != rule_id:
-            raise ValueError
-    except ValueError:
+    if not is_rule_id(rule_id):
         raise RuleError(f"id {rule_id!r} is not a UUID in canonical lower-case form "
-                        "(e.g. from python -c 'import uuid; print(uuid.uuid4())')") from None
+                        "(e.g. from python -c 'import uuid; print(uuid.uuid4())')")
     version = meta["version"]
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise RuleError(f"version must be an integer >= 1, got {version!r}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import getpass
-import re
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -13,11 +12,10 @@ from pathlib import Path
 
 from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
 from pipelines.rules.pack import rule_names
-from pipelines.rules.spec import RuleError
+from pipelines.rules.spec import RuleError, is_rule_id
 from pipelines.rules.tables import PLATFORM_RULE_IDS, PLATFORM_RULE_PREFIX
 from pipelines.settings import rows_arg
 
-RULE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # as rule files write it
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
                 "suppressed by"]
@@ -155,7 +153,7 @@ def _listed_rule(name: str, rules_dir: Path) -> str:
     try:
         return rule_id(name, rules_dir)
     except ValueError:
-        if RULE_ID.fullmatch(name):
+        if is_rule_id(name):
             return name
         raise
 

@@ -93,13 +93,10 @@ def add(spark: SparkSession, lake: Lake, suppression: Suppression, now: datetime
     lake.ensure(spark, SUPPRESSIONS_TABLE)
     rule = F.col("rule_id").isNull() if suppression.rule_id is None else F.col("rule_id") == suppression.rule_id
     until = F.col("expires_at").isNull() if expires is None else F.col("expires_at") == F.lit(expires)
-    value = F.col("match_value")
-    if suppression.match_type == "device":  # matched in any case, so the same device in any case
-        value = F.lower(value)
+    # Every match type compares without case (a device's name as any case, the others stored lower).
     same = (active(spark, lake, at).where(rule & until)
             .where((F.col("match_type") == suppression.match_type)
-                   & (value == (suppression.stored_value().lower() if suppression.match_type == "device"
-                                else suppression.stored_value())))
+                   & (F.lower(F.col("match_value")) == suppression.stored_value().lower()))
             .orderBy("created_at").select("suppression_id").limit(1).collect())
     if same:
         return same[0].suppression_id, False
