@@ -15,6 +15,7 @@ from dagster import (
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
+    ScheduleDefinition,
     ScheduleEvaluationContext,
     SensorEvaluationContext,
     SensorResult,
@@ -41,12 +42,12 @@ def active_lake_run(instance: DagsterInstance) -> str | None:
     return None
 
 
-def landing_files(landing: Path) -> dict[str, str]:
+def file_versions(landing: Path) -> dict[str, str]:
     """Every complete file under `landing` as {relative path: "size:mtime_ns"}.
 
     Temp files and folders are ignored as Spark's file source ignores them (`etl.visible_files`).
 
-    >>> landing_files(Path("/nonexistent"))
+    >>> file_versions(Path("/nonexistent"))
     {}
     """
     found: dict[str, str] = {}
@@ -79,7 +80,7 @@ def run_key_for(files: dict[str, str]) -> str:
         description="Requests a run of run_once_job when new files appear under <home>/landing/")
 def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     landing = lake.lake.home.landing
-    current = landing_files(landing)
+    current = file_versions(landing)
     if context.cursor:
         seen = json.loads(context.cursor)
     else:
@@ -132,7 +133,7 @@ def kafka_lag_sensor(context: SensorEvaluationContext, lake: LakeResource):
         "seclake/trigger": "kafka_lag_sensor", "seclake/kafka_lag": str(waiting)})])
 
 
-def run_once_schedule_def(cron: str | None = None):
+def run_once_schedule_def(cron: str | None = None) -> ScheduleDefinition:
     """`run_once_schedule`: run_once_job every 15 minutes (`$SECLAKE_RUN_ONCE_CRON` overrides); a
     cron that is not one names the variable (the code location then fails to load with that line).
 

@@ -1,4 +1,4 @@
-"""Data-quality asset checks: Great Expectations suites (`assets/quality.py`) on table assets.
+"""Data-quality asset checks: Great Expectations suites (`pipelines/quality.py`) on table assets.
 
 - `expectations` on every silver and enriched table: the table's GE suite (not-null ids and
   event times, IP/MAC formats, ports, enum value sets). Non-blocking: a failure is recorded on the
@@ -84,10 +84,10 @@ def expectations_check(table: str) -> AssetChecksDefinition:
 
     @asset_check(asset=table_key(table), name="expectations", blocking=False,
                  description=f"Great Expectations suite `{table}`: not-null ids and times, IP/MAC formats, "
-                             "ports, enum value sets (assets/quality.py)")
+                             "ports, enum value sets (pipelines/quality.py)")
     def _check(context: AssetCheckExecutionContext, config: ExpectationsConfig, spark: SparkResource,
                lake: LakeResource) -> AssetCheckResult:
-        from assets import quality
+        from pipelines import quality
 
         the_lake = lake.lake
         if not the_lake.exists(table):
@@ -114,7 +114,7 @@ def quarantine_ratio_checks(tables: list[str]) -> AssetChecksDefinition:
                        description="quarantined / (good + quarantined) lines per source under the limit")
     def _check(context: AssetCheckExecutionContext, config: QuarantineRatioConfig, spark: SparkResource,
                lake: LakeResource) -> Iterator[AssetCheckResult]:
-        from assets import quality
+        from pipelines import quality
 
         chosen = {key.asset_key for key in context.selected_asset_check_keys}
         wanted = {table: sources for table, sources in feeds.items() if table_key(table) in chosen}

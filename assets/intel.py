@@ -20,7 +20,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.automation import active_lake_run, landing_files, new_files
+from assets.automation import active_lake_run, file_versions, new_files
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, table_key, table_state
 from pipelines.operations.running import HomeBusy, RollbackPending, refuse_while_rolling_back
@@ -81,7 +81,7 @@ def intel_load_job():
                     "(names starting with . or _ are ignored)")
 def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
     folder = lake.lake.home.intel
-    current = landing_files(folder)  # the same rules as landing/: `.`/`_` names are files being written
+    current = file_versions(folder)  # the same rules as landing/: `.`/`_` names are files being written
     changed = new_files(current, json.loads(context.cursor) if context.cursor else {})
     if not changed:
         return SkipReason(f"no new or changed feed under {folder}")

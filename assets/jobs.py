@@ -17,6 +17,7 @@ from dagster import (
     job,
     op,
 )
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from pydantic import Field
 
 from assets.resources import LakeResource, SparkResource
@@ -32,7 +33,7 @@ STREAM_JOB = "stream_job"
 LAKE_JOBS = (RUN_ONCE_JOB, STREAM_JOB, "maintenance_job", "retention_job", "intel_load_job")
 
 
-def run_once_job_def():
+def run_once_job_def() -> UnresolvedAssetJobDefinition:
     """Every asset and asset check, in dependency order: each stage's query once with AvailableNow."""
     from dagster import define_asset_job
 

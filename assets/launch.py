@@ -1,4 +1,5 @@
-"""Run a job of the code location as a Dagster run recorded in `$DAGSTER_HOME`, from a shell.
+"""Run a job of the code location as a Dagster run recorded in `$DAGSTER_HOME` (default: the home's
+`dagster/` folder), from a shell.
 
 `seclake demo` runs its pipeline this way, so the demo's run, its steps, logs and the tables'
 materialisations are in the Dagster UI started with the same `DAGSTER_HOME`:
@@ -27,6 +28,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, JobDefi
 from assets.intel import INTEL_JOB
 from assets.jobs import LAKE_JOBS
 from assets.resources import LakeResource, SparkResource, resources_for_environment
+from pipelines import environment
 from pipelines.home import dagster_instance
 from pipelines.operations.running import refuse_while_streaming
 from pipelines.terminal import Progress, print_table
@@ -43,19 +45,23 @@ OUTCOME = {DagsterEventType.STEP_SUCCESS: "ok", DagsterEventType.STEP_FAILURE: "
 
 
 def launch(job_name: str, tags: dict[str, str]) -> int:
-    """Execute `job_name` in this process on the `$DAGSTER_HOME` instance; 0 if the run succeeded."""
+    """Execute `job_name` in this process on the `$DAGSTER_HOME` instance, else the home's
+    (`Home.dagster`); 0 if the run succeeded."""
     from assets.definitions import defs
 
     job = defs.resolve_job_def(job_name)
+    lake = resources_for_environment()["lake"]
+    assert isinstance(lake, LakeResource)
     if job_name in LAKE_JOBS:
         # Said at once: the run's first op would say it too, after Spark and Dagster's set-up (~20 s).
-        lake = resources_for_environment()["lake"]
-        assert isinstance(lake, LakeResource)
         try:
             refuse_while_streaming(lake.lake.home, f"a {job_name} run")
         except (RuntimeError, ValueError) as err:  # ValueError: a home recorded with another lake
             print(f"{job_name}: {err}", file=sys.stderr)
             return 1
+    # Dagster reads the variable itself, and without it refuses in a screenful: the home's instance,
+    # as `seclake demo` uses and docs/dagster.md starts the UI on, is the one to record the run in.
+    os.environ["DAGSTER_HOME"] = str(dagster_instance(environment.dagster_home() or lake.lake.home.dagster))
     # The run's SparkSession is built beside Dagster's own set-up of the run (its instance, the run's
     # record: the demo's first step starts ~9 s after this process), not by that step; the run's `spark` resource
     # then finds it running. This resource started it, so it stops it when the run is over.
@@ -70,7 +76,7 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
     warm.start()
     # Great Expectations takes ~4 s of a core to import, paid by the run's first check. Imported
     # here instead, on this thread, while the Spark JVM comes up.
-    importlib.import_module("assets.quality")
+    importlib.import_module("pipelines.quality")
     try:
         return _run(job, job_name, tags)
     finally:
@@ -186,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     # Dagster's own warnings (preview APIs, instance defaults) are not the user's business here.
     warnings.filterwarnings("ignore")
     logging.getLogger("dagster").setLevel(logging.ERROR)
-    if os.environ.get("DAGSTER_HOME"):
-        dagster_instance(os.environ["DAGSTER_HOME"])
     return launch(args.job, dict(args.tag))
 
 

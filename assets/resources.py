@@ -11,7 +11,7 @@ or `ci`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, Failure, InitResourceContext
 from pydantic import Field, PrivateAttr, field_validator
@@ -20,6 +20,9 @@ from pipelines import environment
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 from pipelines.settings import Settings
+
+if TYPE_CHECKING:  # pyspark is imported when a run first asks for its session
+    from pyspark.sql import SparkSession
 
 
 class SparkResource(ConfigurableResource):
@@ -40,8 +43,8 @@ class SparkResource(ConfigurableResource):
     _owned: bool = PrivateAttr(default=False)
 
     @property
-    def session(self):
-        """The SparkSession (pyspark.sql.SparkSession) of this run."""
+    def session(self) -> SparkSession:
+        """The SparkSession of this run."""
         if self._session is None:
             from pyspark import SparkContext
 

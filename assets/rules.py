@@ -36,7 +36,7 @@ from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_asset, start_op, table_key
 from pipelines.lake.log import read_columns, tally
 from pipelines.lake.registry import Lake
-from pipelines.rules.pack import default_rules_dir
+from pipelines.rules.pack import RulePack, default_rules_dir
 from pipelines.rules.spec import query_name
 from pipelines.rules.tables import ALERTS_TABLE
 
@@ -51,7 +51,7 @@ def _tag_value(value) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:63]
 
 
-def scan(rules_dir: Path):
+def scan(rules_dir: Path) -> RulePack:
     """The rule pack of `rules_dir` (`pipelines.rules.pack.scan_rules`): valid rules and errors."""
     from pipelines.rules.pack import scan_rules
 

@@ -23,7 +23,8 @@ from dagster import (
 )
 
 from assets.resources import LakeResource, SparkResource
-from pipelines.lake.log import commits, read_columns, summary, tally
+from pipelines.lake.log import commits, summary
+from pipelines.lake.read import value_counts
 from pipelines.lake.registry import Lake
 from pipelines.operations.running import WriterLock
 from pipelines.query import QueryReport, Stage
@@ -70,6 +71,7 @@ def table_definition_metadata(table: str) -> dict:
 
 
 def table_spec(table: str, deps: list[AssetKey] | tuple = ()) -> AssetSpec:
+    """The asset spec of registry table `table`: key, description, layer as its group, its columns."""
     spec = Lake.spec(table)
     return AssetSpec(
         key=table_key(table),
@@ -301,19 +303,9 @@ def shared_table_asset(table: str, writers: list[AssetKey], writer_label: str) -
         names = Lake.spec(table).schema.fieldNames()
         labels = {label: column for label, candidates in SHARED_LABELS
                   if (column := next((c for c in candidates if c in names), None))}
-        try:
-            # delta-rs reads the label columns alone: a Spark read first rebuilt the table's state,
-            # about 2 s of `seclake demo` per shared table (docs/performance.md, "Shared tables").
-            rows = read_columns(the_lake.path(table), sorted(set(labels.values())))
-            meta["dagster/row_count"] = rows.num_rows
-            for label, column in labels.items():
-                meta[label] = MetadataValue.json({str(value): n for value, n in tally(rows, [column])})
-        except LookupError:  # a table delta-rs cannot read alone (`read_columns`)
-            df = the_lake.read(spark.session, table)
-            meta["dagster/row_count"] = df.count()
-            for label, column in labels.items():
-                meta[label] = MetadataValue.json({str(r[column]): r["count"]
-                                                  for r in df.groupBy(column).count().collect()})
+        meta["dagster/row_count"], counts = value_counts(lambda: spark.session, the_lake.path(table),
+                                                         list(labels.values()))
+        meta.update({label: MetadataValue.json(counts[column]) for label, column in labels.items()})
         return MaterializeResult(asset_key=table_key(table), metadata=meta)
 
     return _shared

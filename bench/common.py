@@ -24,19 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-VENV_BIN = REPO / ".venv" / "bin"
-SECLAKE = str(VENV_BIN / "seclake") if (VENV_BIN / "seclake").exists() else "seclake"
+from pipelines.parsers.sources import silver_feeds  # noqa: E402  (the repository on the path first)
+from pipelines.schemas import SILVER_SCHEMAS  # noqa: E402
+
 PYTHON = sys.executable
 # A weekday noon: the generator's diurnal curve is at its peak, so few hosts give many events.
 BUSY_START = "2026-11-20T12:00:00Z"
 
 # Which (sensor, kind) counts of the generator's manifest feed each silver table.
-SILVER_FEEDS: dict[str, list[tuple[str, str]]] = {
-    "silver_dns": [("zeek", "dns"), ("suricata", "dns")],
-    "silver_dhcp": [("zeek", "dhcp"), ("suricata", "dhcp")],
-    "silver_conn": [("zeek", "conn"), ("suricata", "flow")],
-    "silver_ids_alerts": [("suricata", "alert")],
-}
+SILVER_FEEDS = {table: silver_feeds(table) for table in SILVER_SCHEMAS}
 
 
 def stage_report(line: str | bytes) -> dict | None:
@@ -208,38 +204,23 @@ def spark_session():
     return get_spark(app_name="seclake-bench", ui=False)
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> str:
-    """Print (and return) a plain fixed-width table."""
-    cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) if cells else len(str(h)) for i, h in enumerate(headers)]
-    lines = []
-    if title:
-        lines.append(title)
-    lines.append("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    for row in cells:
-        lines.append("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths)))
-    text = "\n".join(lines)
-    print(text, flush=True)
-    return text
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> None:
+    """Print `rows` as the CLI lays out a table (`terminal.format_table`), each float to the digits a
+    measurement carries (`_fmt`: the CLI's one decimal would print a ratio of 0.234 as 0.2)."""
+    from pipelines.terminal import format_table
+
+    print(format_table(headers, [[_fmt(c) if isinstance(c, float) else c for c in row] for row in rows], title),
+          flush=True)
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        if value != value:
-            return "n/a"
-        if abs(value) >= 100:
-            return f"{value:,.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _numeric(cell: str) -> bool:
-    return cell.replace(",", "").replace(".", "").replace("x", "").replace("-", "").replace("%", "").isdigit()
+def _fmt(value: float) -> str:
+    if value != value:
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
 
 
 def save_results(name: str, results: dict) -> Path:

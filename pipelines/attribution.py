@@ -63,8 +63,7 @@ LEASES = "dhcp_leases"
 _OLD_LEASE_READS = ("silver_dhcp", END_OF_INPUT)
 LATE_EVENTS = "late_events"
 # enriched table -> the silver table it attributes.
-ENRICHED_INPUTS: dict[str, str] = {"enriched_conn": "silver_conn", "enriched_dns": "silver_dns",
-                                   "enriched_ids_alerts": "silver_ids_alerts"}
+ENRICHED_INPUTS: dict[str, str] = {table: table.replace("enriched_", "silver_", 1) for table in ENRICHED_SCHEMAS}
 INVENTORY_FILE = "devices.csv"
 _NO_INVENTORY_SAID: set[Path] = set()
 
@@ -419,11 +418,15 @@ def attributed_ip(table: str) -> Column:
     if table == "enriched_ids_alerts":
         internal = F.col("src_ip").rlike(INTERNAL_IP_PATTERN)
         ip = F.when(~internal & F.col("dst_ip").rlike(INTERNAL_IP_PATTERN), F.col("dst_ip")).otherwise(F.col("src_ip"))
-    elif table in ENRICHED_INPUTS:
-        ip = F.col("src_ip")
     else:
-        raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
+        _check_enriched(table)
+        ip = F.col("src_ip")
     return ip.alias("attributed_ip")
+
+
+def _check_enriched(table: str) -> None:
+    if table not in ENRICHED_INPUTS:
+        raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
 
 
 def load_devices(spark: SparkSession, path: Path) -> DataFrame:
@@ -686,8 +689,7 @@ def start_enriched(spark: SparkSession, lake: Lake, settings: Settings, trigger:
     dhcp_leases must exist (`start_leases` creates it): `stages()` lists one such stage per
     enriched table, after dhcp_leases.
     """
-    if table not in ENRICHED_INPUTS:
-        raise ValueError(f"unknown enriched table {table!r}; expected one of {sorted(ENRICHED_INPUTS)}")
+    _check_enriched(table)
     # Events and leases by whole commits (no read limit): see `start_leases`, and `attribute`.
     session = stateful_session(spark, settings)
     events = read_stream(session, lake.path(ENRICHED_INPUTS[table]))

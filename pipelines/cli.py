@@ -162,14 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress of every micro-batch")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from sample_data.generator import DEFAULTS
+    from sample_data.generator import add_arguments as add_generate_arguments
+
     demo = sub.add_parser("demo", help="generate a sample day, run the whole pipeline once, print a summary")
     _home_arg(demo)
-    demo.add_argument("--hours", type=float, default=24, help="simulated hours of logs (default 24)")
-    demo.add_argument("--hosts", type=int, default=50, help="inventory devices (>= 5, default 50)")
-    demo.add_argument("--seed", type=int, default=7, help="random seed of the generator (default 7)")
+    demo.add_argument("--hours", type=float, default=DEFAULTS["hours"],
+                      help=f"simulated hours of logs (default {DEFAULTS['hours']:g})")
+    demo.add_argument("--hosts", type=int, default=DEFAULTS["hosts"],
+                      help=f"inventory devices (>= 5, default {DEFAULTS['hosts']})")
+    demo.add_argument("--seed", type=int, default=DEFAULTS["seed"],
+                      help=f"random seed of the generator (default {DEFAULTS['seed']})")
     demo.set_defaults(func=cmd_demo)
-
-    from sample_data.generator import add_arguments as add_generate_arguments
 
     generate = sub.add_parser("generate", help="write realistic Zeek/Suricata logs with labelled attacks")
     add_generate_arguments(generate)

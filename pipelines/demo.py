@@ -14,14 +14,13 @@ if TYPE_CHECKING:
     from pipelines.lake.registry import Lake
 
 REPO = Path(__file__).resolve().parent.parent  # workspace.yaml's folder
-DAGSTER_DIR = "dagster"  # the demo's Dagster instance (run history), inside the home
 RUN_ONCE_JOB = "run_once_job"  # assets/jobs.py
 
 
-def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> int:
+def run_demo(home: Home, hours: float, hosts: int, seed: int) -> int:
     """Generate (once per home), run `run_once_job` in Dagster, print tables and alerts.
 
-    `seclake demo --hours 2 --hosts 20` calls `run_demo(Home.resolve(...), hours=2, hosts=20)`;
+    `seclake demo --hours 2 --hosts 20` calls `run_demo(Home.resolve(...), hours=2, hosts=20, seed=7)`;
     it returns 0 unless the Dagster run failed (`.ci/demo` runs it; tests/test_cli_output.py runs a
     small one, tests/test_demo.py checks the summary).
     """
@@ -41,7 +40,7 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
         print(done_line(manifest, home.root, time.monotonic() - started), file=sys.stderr)
     # The run is a Dagster run (assets/launch.py, in a process of its own: pipelines never imports
     # Dagster), recorded in the home's instance, so the UI shows it with its steps and checks.
-    dagster_home = home.root / DAGSTER_DIR
+    dagster_home = home.dagster
     print(f"[2/3] running run_once_job in Dagster: every stage once (Trigger.AvailableNow), then the checks "
           f"(run history in {dagster_home})", file=sys.stderr)
     launched = launch_run_once(home)
@@ -61,7 +60,7 @@ def run_demo(home: Home, hours: float = 24, hosts: int = 50, seed: int = 7) -> i
 def launch_run_once(home: Home) -> int:
     """`run_once_job` as a Dagster run on the instance in `home/dagster` (`python -m assets.launch`);
     its exit code. The instance is made with telemetry off: a demo sends nothing anywhere."""
-    dagster_home = dagster_instance(home.root / DAGSTER_DIR)
+    dagster_home = dagster_instance(home.dagster)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "SECLAKE_HOME": str(home.root)}
     return subprocess.run([sys.executable, "-m", "assets.launch", RUN_ONCE_JOB, "--tag", "seclake/launched_by=demo"],
                           env=env).returncode

@@ -29,6 +29,9 @@ VARIABLES: dict[str, str] = {
     "SECLAKE_ENV": "Dagster resources profile: local (default) or another configured in assets/resources.py",
     "SECLAKE_RUN_ONCE_CRON": "cron of the Dagster run-once schedule (default every 15 minutes)",
     "SECLAKE_MAX_QUARANTINE_RATIO": "share of quarantined lines that fails the blocking quality check (default 0.05)",
+    "DAGSTER_HOME": "the Dagster instance (run history) `python -m assets.launch` records its runs in (default: "
+                    "the home's dagster/ folder, where seclake demo records its run; `dagster dev` needs it set: "
+                    "docs/dagster.md)",
     "JAVA_HOME": "the Java 17+ to run Spark with (default: java on PATH)",
 }
 
@@ -103,6 +106,11 @@ def dagster_env() -> str | None:
 def run_once_cron() -> str | None:
     """`$SECLAKE_RUN_ONCE_CRON`, if set."""
     return _get("SECLAKE_RUN_ONCE_CRON")
+
+
+def dagster_home() -> str | None:
+    """`$DAGSTER_HOME`, if set."""
+    return _get("DAGSTER_HOME")
 
 
 def max_quarantine_ratio(default: float) -> float:

@@ -30,6 +30,7 @@ from pyspark.util import inheritable_thread_target
 from pipelines import environment
 from pipelines.checkpoint import newest, newest_source_files, source_file_times, source_files
 from pipelines.dhcp_clock import DHCP_CLOCK, ClockWriter, feed
+from pipelines.kafka.ship import HEADER_ZEEK
 from pipelines.lake.registry import Lake
 from pipelines.lake.sink import CommitResult
 from pipelines.parsers import parse, split_lines, to_bronze, to_quarantine, to_silver
@@ -40,8 +41,6 @@ from pipelines.settings import Settings, interval_seconds
 
 QUERY_NAME = "etl"
 KAFKA_QUERY_NAME = "etl_kafka"
-# The message header that carries a Zeek TSV line's header block (pipelines/kafka/ship.py).
-ZEEK_HEADER = "seclake.zeek_header"
 
 
 def etl_tables() -> tuple[str, ...]:
@@ -206,7 +205,7 @@ def kafka_files(spark: SparkSession, bootstrap: str, source: str, *, topics: str
         reader = reader.option("maxOffsetsPerTrigger", limit)
     # A cast, like the line's: bytes that are not UTF-8 reach the parser (and the quarantine) instead
     # of failing the query at every restart, as decode() does.
-    header = F.expr(f"CAST(get(filter(headers, h -> h.key = '{ZEEK_HEADER}'), 0).value AS STRING)")
+    header = F.expr(f"CAST(get(filter(headers, h -> h.key = '{HEADER_ZEEK}'), 0).value AS STRING)")
     line = F.col("value").cast("string")
     return reader.load().select(
         F.lit(source).alias("source"),

@@ -75,6 +75,11 @@ class Home:
     def reference(self) -> Path:
         return self.root / "reference"
 
+    @property
+    def dagster(self) -> Path:
+        """The home's Dagster instance (run history): `DAGSTER_HOME` unless that says otherwise."""
+        return self.root / "dagster"
+
     def table(self, name: str) -> Path:
         return self.tables / name
 

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.attribution import attributed_ip, load_devices
+from pipelines.attribution import INVENTORY_FILE, LEASES, attributed_ip, load_devices
 from pipelines.checkpoint import clear_unstarted
 from pipelines.etl import check_reachable, kafka_files, kafka_lines
 from pipelines.lake.registry import Lake
@@ -67,9 +67,9 @@ def lease_pieces(spark: SparkSession, lake: Lake, span: str = LEASE_SPAN) -> Dat
     first lease. Computed when the query starts; a restart takes newer leases in."""
     schema = ("lease_ip string, lease_mac string, lease_hostname string, lease_valid_from timestamp, "
               "lease_valid_to timestamp")
-    if not lake.exists("dhcp_leases"):
+    if not lake.exists(LEASES):
         return spark.createDataFrame([], schema)
-    leases = lake.read(spark, "dhcp_leases")
+    leases = lake.read(spark, LEASES)
     [newest_end] = leases.agg(F.max("valid_to")).first() or [None]
     if newest_end is None:
         return spark.createDataFrame([], schema)
@@ -131,7 +131,7 @@ def start(spark: SparkSession, lake: Lake, bootstrap: str, rules: list[Rule],
     files = kafka_files(session, bootstrap, "suricata", topics="suricata[.]eve", starting="latest")
     parsed = kafka_lines(parse(split_lines(files, "suricata"), "suricata"))
     enriched = attributed_ids_alerts(to_silver(parsed, "silver_ids_alerts"), lease_pieces(session, lake),
-                                     load_devices(session, lake.home.reference / "devices.csv"))
+                                     load_devices(session, lake.home.reference / INVENTORY_FILE))
     enriched.createOrReplaceTempView(ENRICHED)
     messages = reduce(DataFrame.unionByName, [rule_messages(session, r) for r in rules])
     clear_unstarted(lake.home.checkpoint(QUERY_NAME))

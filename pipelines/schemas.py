@@ -118,13 +118,6 @@ SILVER_SCHEMAS: dict[str, StructType] = {
     )),
 }
 
-PARTITION_COLUMNS: dict[str, list[str]] = {
-    "bronze": ["event_date"],
-    # Quarantined lines have no trustworthy event time to partition by.
-    "quarantine": [],
-    **{table: ["event_date"] for table in SILVER_SCHEMAS},
-}
-
 # What each silver table holds, for the catalog and the Dagster UI; which sources feed it is
 # declared by the sources (`pipelines/parsers/sources.py`).
 SILVER_DESCRIPTIONS: dict[str, str] = {
@@ -153,6 +146,9 @@ def silver_schema(table: str) -> StructType:
 # rule's group keys, window), so re-runs and backfills never add a second row for an alert.
 # `details` holds the rule's extra output columns as JSON. Partitioned by event_date =
 # UTC date of window_start.
+# `severity` is one of these, least urgent first: a rule's metadata, the queue's order, incidents'
+# weights and a webhook's least severity all take this scale.
+SEVERITIES: tuple[str, ...] = ("low", "medium", "high", "critical")
 ALERTS_SCHEMA = StructType(_fields(
     ("alert_id", StringType()),
     ("rule_id", StringType()),
@@ -187,7 +183,7 @@ RULE_STATUS_SCHEMA = StructType(_fields(
     ("changed_at", TimestampType()),
 ))
 
-# One row per alert an analyst has touched (pipelines/triage.py), kept current with MERGE; an
+# One row per alert an analyst has touched (pipelines/triage/store.py), kept current with MERGE; an
 # alert without a row is open. Earlier states are in the table's Delta history.
 TRIAGE_NOTE = StructType(_fields(("at", TimestampType()), ("by", StringType()), ("text", StringType())))
 ALERT_TRIAGE_SCHEMA = StructType(_fields(
@@ -235,7 +231,7 @@ INCIDENTS_SCHEMA = StructType(_fields(
     ("alert_ids", ArrayType(StringType())),
 ))
 
-# One row per indicator of compromise (pipelines/intel/): its feed, type (ip or domain), value
+# One row per indicator of compromise (pipelines/intel/): its feed, type (ip, cidr or domain), value
 # and validity; `indicator_key` = source, type and value, the MERGE key of `seclake intel load`.
 INDICATORS_SCHEMA = StructType(_fields(
     ("indicator_key", StringType()),

@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
 from typing import Any
 
 INTERVAL = re.compile(r"(\d+) (second|minute|hour|day)s?")
@@ -30,6 +31,17 @@ def interval_seconds(value: str) -> int:
     if not match:
         raise ValueError(f"{value!r} is not an interval like '10 minutes' (units: seconds, minutes, hours, days)")
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def utc_instant(value: str | datetime) -> datetime:
+    """An ISO time ('2026-11-20T06:00', '2026-11-20 06:00:00Z', '...+01:00') or a datetime, as an aware
+    UTC datetime; a time that names no zone is UTC. ValueError when the text is not an ISO time.
+
+    >>> utc_instant("2026-11-20 09:10:00").isoformat(), utc_instant("2026-11-20T10:10+01:00").isoformat()
+    ('2026-11-20T09:10:00+00:00', '2026-11-20T09:10:00+00:00')
+    """
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value.strip())
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
 def seconds_arg(text: str) -> float:

@@ -19,11 +19,11 @@ from dagster import (
     build_sensor_context,
 )
 
-from assets import automation, quality, tables
+from assets import automation, tables
 from assets.definitions import build_definitions
 from assets.resources import LakeResource, SparkResource
 from conftest import spark_jobs
-from pipelines import stages
+from pipelines import quality, stages
 from pipelines.home import Home
 from pipelines.lake.registry import Lake
 from pipelines.query import BatchStats, RunningQuery, Stage, python_cause

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from assets.definitions import build_definitions
-from pipelines.demo import DAGSTER_DIR
 from pipelines.home import Home
 from pipelines.lake.log import summary
 from pipelines.lake.registry import Lake
@@ -112,7 +111,7 @@ def home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def dagster_ui(home: Path, tmp_path_factory) -> Iterator[str]:
     """`dagster dev -w workspace.yaml` on a free localhost port, on the demo's instance."""
-    instance = home / DAGSTER_DIR
+    instance = Home.resolve(home).dagster
     port = free_port()
     env = {**os.environ, "SECLAKE_HOME": str(home), "DAGSTER_HOME": str(instance), "SECLAKE_ENV": "ci"}
     log_path = instance / "dagster-dev.log"
@@ -197,7 +196,7 @@ def shown_as(label: str, name: str) -> bool:
 def test_the_demos_run_is_listed_and_succeeded(dagster_ui, browser, home):
     from dagster import DagsterInstance
 
-    with DagsterInstance.from_config(str(home / DAGSTER_DIR)) as instance:
+    with DagsterInstance.from_config(str(Home.resolve(home).dagster)) as instance:
         runs = instance.get_runs()
     assert [(r.job_name, r.tags.get("seclake/launched_by")) for r in runs] == [("run_once_job", "demo")]
     run_id = runs[0].run_id

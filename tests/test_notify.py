@@ -82,7 +82,7 @@ def test_an_unreachable_receiver_is_retried_then_dead_lettered():
     closed = Receiver([])
     url = closed.url
     closed.server.server_close()  # nothing listens there any more
-    outcome = deliver(ALERTS[:1], Destination("soc", url, "info"), max_attempts=2, sleep=lambda s: None)
+    outcome = deliver(ALERTS[:1], Destination("soc", url, "low"), max_attempts=2, sleep=lambda s: None)
     assert outcome.delivered == [] and outcome.dead[0][0] == "a0" and "Error" in outcome.dead[0][1]
 
 

@@ -347,6 +347,22 @@ def test_a_dagster_job_launched_from_a_shell_refuses_at_once_while_a_stream_runs
     assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 
 
+def test_a_job_launched_from_a_shell_without_dagster_home_is_recorded_in_the_homes_instance(tmp_path):
+    """Dagster itself refuses a run without DAGSTER_HOME, in a screenful; the home's instance is
+    where `seclake demo` records its run and docs/dagster.md starts the UI."""
+    import sys
+
+    from dagster import DagsterInstance
+
+    home = Home.resolve(tmp_path / "home").create()
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"} | {"SECLAKE_HOME": str(home.root)}
+    done = subprocess.run([sys.executable, "-m", "assets.launch", "retention_job"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with DagsterInstance.from_config(str(home.dagster)) as instance:
+        assert [(r.job_name, r.status.value) for r in instance.get_runs()] == [("retention_job", "SUCCESS")]
+
+
 def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_path):
     ck = tmp_path / "ck"
     for sub in ("offsets", "commits", "sources/0"):

@@ -421,7 +421,7 @@ def test_a_bad_severity_is_refused_by_the_parser_naming_the_allowed_values(capsy
         main(["alerts", "list", "--severity", "hihg", "--home", "unused"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "'hihg'" in err and "'critical', 'high', 'medium', 'low', 'info'" in err
+    assert "'hihg'" in err and "'low', 'medium', 'high', 'critical'" in err
 
 
 def test_a_suppression_saved_by_rule_name_before_is_listed_as_matching_nothing(spark, lake, capsys):

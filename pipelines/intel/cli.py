@@ -32,15 +32,12 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
 def cmd_load(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.intel.feeds import skipped_summary
-    from pipelines.intel.store import load
+    from pipelines.intel.store import check_days, load
     from pipelines.lake.registry import Lake
     from pipelines.operations.running import refuse_while_rolling_back
-    from pipelines.settings import MAX_DAYS
     from pipelines.spark import get_spark
 
-    if not (0 < args.valid_days <= MAX_DAYS and 0 < args.sweep_days <= MAX_DAYS):
-        raise ValueError(f"--valid-days {args.valid_days} and --sweep-days {args.sweep_days}: each must be "
-                         f"1 to {MAX_DAYS}")
+    check_days(args.valid_days, args.sweep_days)  # before Spark starts; `load` checks too
     if not args.file.is_file():  # before Spark starts: a typo costs no JVM
         raise ValueError(f"indicator file {args.file} does not exist")
     lake = Lake(Home.resolve(args.home).existing(or_landing=True))

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pipelines.intel.feeds import read_feed
 from pipelines.lake.registry import Lake
 from pipelines.rules.spec import Rule
+from pipelines.settings import MAX_DAYS
 
 INDICATORS_TABLE = "indicators"
 
@@ -47,6 +48,19 @@ def intel_rules(rules_dir: str | os.PathLike | None = None) -> list[Rule]:
     return [r for r in scan_rules(rules_dir or default_rules_dir()).rules if INDICATORS_TABLE in r.lookups]
 
 
+def check_days(valid_days: int, sweep_days: int) -> None:
+    """ValueError unless each count of days is 1 to MAX_DAYS: a negative sweep searched the future
+    (no alert, reported a success), one past MAX_DAYS overflowed a date after the MERGE committed.
+
+    >>> check_days(30, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: --valid-days 30 and --sweep-days 0: each must be 1 to 36500
+    """
+    if not (0 < valid_days <= MAX_DAYS and 0 < sweep_days <= MAX_DAYS):
+        raise ValueError(f"--valid-days {valid_days} and --sweep-days {sweep_days}: each must be 1 to {MAX_DAYS}")
+
+
 def load(spark: SparkSession, lake: Lake, path: Path, source: str | None = None, valid_days: int = 30,
          sweep_days: int = 90, rules_dir: str | os.PathLike | None = None) -> LoadResult:
     """Upsert the indicators of the feed at `path` (source: the file name unless given), valid
@@ -54,6 +68,7 @@ def load(spark: SparkSession, lake: Lake, path: Path, source: str | None = None,
     from pipelines.lake.merge import upsert
     from pipelines.operations.running import refuse_while_rolling_back
 
+    check_days(valid_days, sweep_days)
     refuse_while_rolling_back(lake.home, f"intel load {path.name}")  # its sweep appends alerts
     feed = read_feed(path)
     at = datetime.now(timezone.utc)

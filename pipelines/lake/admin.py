@@ -5,14 +5,12 @@ retention); nothing here knows about stages or homes.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from pipelines.lake.jvm import jvm_class, scala_object, scala_seq
-from pipelines.lake.read import is_table
-from pipelines.lake.sink import table_uri
+from pipelines.lake.jvm import delta_log, jvm_class, scala_now, scala_object, scala_seq
+from pipelines.lake.read import existing_table
 
 
 @dataclass(frozen=True)
@@ -23,12 +21,6 @@ class FileStats:
     size_bytes: int
 
 
-def _existing(spark: SparkSession, path: str | os.PathLike) -> str:
-    uri = table_uri(path)
-    if not is_table(spark, uri):
-        raise ValueError(f"no Delta table at {uri}")
-    return uri
-
 
 def restore(spark: SparkSession, path: str | os.PathLike, version: int) -> None:
     """Delta `RESTORE` of the table at `path` to `version` (a new commit; history stays).
@@ -38,21 +30,21 @@ def restore(spark: SparkSession, path: str | os.PathLike, version: int) -> None:
     """
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, _existing(spark, path)).restoreToVersion(version)
+    DeltaTable.forPath(spark, existing_table(spark, path)).restoreToVersion(version)
 
 
 def delete_all(spark: SparkSession, path: str | os.PathLike) -> None:
     """Remove every row (Delta `DELETE` without a condition): the table stays, with its schema and history."""
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, _existing(spark, path)).delete()
+    DeltaTable.forPath(spark, existing_table(spark, path)).delete()
 
 
 def delete_where(spark: SparkSession, path: str | os.PathLike, condition: str) -> None:
     """Delta `DELETE WHERE condition` (SQL text, e.g. "event_date < '2026-01-01'")."""
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, _existing(spark, path)).delete(condition)
+    DeltaTable.forPath(spark, existing_table(spark, path)).delete(condition)
 
 
 def set_transactions(spark: SparkSession, path: str | os.PathLike, versions: dict[str, int]) -> None:
@@ -64,8 +56,8 @@ def set_transactions(spark: SparkSession, path: str | os.PathLike, versions: dic
     """
     if not versions:
         return
-    log = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, _existing(spark, path))
-    now = jvm_class(spark, "scala.Some")(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
+    log = delta_log(spark, existing_table(spark, path))
+    now = scala_now(spark)
     txn = jvm_class(spark, "org.apache.spark.sql.delta.actions.SetTransaction")
     actions = [txn(app_id, int(version), now) for app_id, version in sorted(versions.items())]
     # DeltaOperations.ManualUpdate is a Scala object nested in an object.
@@ -78,7 +70,7 @@ def write_log_checkpoint(spark: SparkSession, path: str | os.PathLike) -> int:
 
     Opening a table then reads one Parquet checkpoint instead of replaying every JSON commit.
     """
-    log = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, _existing(spark, path))
+    log = delta_log(spark, existing_table(spark, path))
     none = jvm_class(spark, "scala.Option").empty()
     snapshot = log.update(False, none, none)
     log.checkpoint(snapshot, none)

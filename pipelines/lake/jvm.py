@@ -1,4 +1,4 @@
-"""delta-spark's JVM side from Python (py4j): classes, Scala objects and Scala sequences.
+"""delta-spark's JVM side from Python (py4j): classes, Scala objects, Scala sequences, a table's log.
 
 The table layer reaches a few Delta internals that PySpark does not wrap (a transaction's commit,
 a snapshot's checksum); these are the three ways in. Each names its class in full, in one step:
@@ -7,6 +7,7 @@ failed class look-up over the whole class path each (performance.md, "Python's r
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from py4j.java_gateway import JavaClass, JavaObject
@@ -44,3 +45,18 @@ def scala_seq(spark: SparkSession, items: Iterable[object]) -> JavaObject:
     for item in items:
         values.add(item)
     return jvm_class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(values).toSeq()
+
+
+def delta_log(spark: SparkSession, uri: str) -> JavaObject:
+    """delta-spark's DeltaLog of the table at `uri` (its transactions, snapshots, log checkpoints).
+
+    >>> delta_log(spark, "/tmp/no-table-here").tableExists()
+    False
+    """
+    return jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, uri)
+
+
+def scala_now(spark: SparkSession) -> JavaObject:
+    """`Some(now in epoch milliseconds)`: the optional time Delta's actions take (a table's creation,
+    a set transaction's update)."""
+    return jvm_class(spark, "scala.Some")(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))

@@ -279,8 +279,9 @@ def tally(rows: Any, columns: list[str]) -> list[tuple[Any, ...]]:
 
 
 def commit_versions(log: Path) -> list[int]:
-    """The versions of the commit files (`<20 digits>.json`) in a local `_delta_log` folder, ascending;
-    OSError when the folder cannot be listed. Log checkpoints, checksums and compacted logs are not commits.
+    """The versions of the commit files (`<20 digits>.json`) in a `_delta_log` folder (local, or an
+    ObjectPath), ascending; OSError when a local folder cannot be listed. Log checkpoints, checksums
+    and compacted logs are not commits.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -289,7 +290,8 @@ def commit_versions(log: Path) -> list[int]:
     ...     commit_versions(Path(tmp) / "_delta_log")
     [0, 1]
     """
-    return sorted(int(name[:20]) for name in os.listdir(log)
+    names = (entry.name for entry in log.iterdir())
+    return sorted(int(name[:20]) for name in names
                   if len(name) == 25 and name.endswith(".json") and name[:20].isdigit())
 
 

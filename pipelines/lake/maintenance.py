@@ -11,8 +11,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.lake.read import is_table
-from pipelines.lake.sink import table_uri
+from pipelines.lake.read import existing_table
 
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # one Spark read task's worth (spark.sql.files.maxPartitionBytes)
 
@@ -34,7 +33,7 @@ def compact(spark: SparkSession, path: str | os.PathLike, target_size: int = DEF
 
     if target_size <= 0:
         raise ValueError(f"target_size must be a positive number of bytes, not {target_size!r}")
-    uri = _existing(spark, path)
+    uri = existing_table(spark, path)
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_size))
     result = DeltaTable.forPath(spark, uri).optimize().executeCompaction().first()
     if result is None:  # OPTIMIZE always returns one row of metrics; None would be a Delta bug
@@ -58,7 +57,7 @@ def vacuum(spark: SparkSession, path: str | os.PathLike, retention_hours: float 
     """
     if retention_hours < 0:
         raise ValueError(f"retention_hours must be >= 0, not {retention_hours!r}")
-    uri = _existing(spark, path)
+    uri = existing_table(spark, path)
     # `delta.`<path>`` names a table only with spark.sql.runSQLOnFiles on, which seclake's sessions
     # turn off: run VACUUM in a child session (same SparkContext and catalog, its own SQL conf).
     session = spark.newSession()
@@ -69,10 +68,3 @@ def vacuum(spark: SparkSession, path: str | os.PathLike, retention_hours: float 
         session.sql(statement).collect()
     root = uri.rstrip("/") + "/"
     return sorted(p.removeprefix("file:").removeprefix(root) for p in listed)
-
-
-def _existing(spark: SparkSession, path: str | os.PathLike) -> str:
-    uri = table_uri(path)
-    if not is_table(spark, uri):
-        raise ValueError(f"no Delta table at {uri}")
-    return uri

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 from urllib.parse import unquote
 
@@ -21,6 +22,15 @@ def is_table(spark: SparkSession, path: str | os.PathLike) -> bool:
     except ValueError:
         return False
     return True
+
+
+def existing_table(spark: SparkSession, path: str | os.PathLike) -> str:
+    """The URI of the Delta table at `path`; ValueError naming it when there is none (a command's
+    RESTORE, DELETE, OPTIMIZE or VACUUM then says which table, not Delta's own error)."""
+    uri = table_uri(path)
+    if not is_table(spark, uri):
+        raise ValueError(f"no Delta table at {uri}")
+    return uri
 
 
 def read_table(spark: SparkSession, path: str | os.PathLike, *, version: int | None = None,
@@ -114,3 +124,27 @@ def _utc_text(timestamp: str | datetime) -> str:
     if when.tzinfo is not None:
         when = when.astimezone(timezone.utc).replace(tzinfo=None)
     return when.isoformat(sep=" ")
+
+
+def value_counts(spark: Callable[[], SparkSession], path: str | os.PathLike, columns: list[str]
+                 ) -> tuple[int, dict[str, dict[str, int]]]:
+    """The rows of the table at `path`, and per column of `columns` its rows per value (as text).
+
+    Read by delta-rs, `columns` only: a Spark read first rebuilt the table's state, about 2 s of
+    `seclake demo` per table counted (docs/performance.md, "Shared tables"). A table delta-rs cannot
+    read alone (`log.read_columns`) is counted by Spark, `spark` making the session.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spark.sql("SELECT * FROM VALUES ('b', 1), ('a', 2), ('b', 3) AS t(k, v)").write.format("delta").save(tmp)
+    ...     value_counts(lambda: spark, tmp, ["k"])
+    (3, {'k': {'a': 1, 'b': 2}})
+    """
+    from pipelines.lake.log import read_columns, tally
+
+    try:
+        rows = read_columns(path, sorted(set(columns)))
+        return rows.num_rows, {c: {str(value): n for value, n in tally(rows, [c])} for c in columns}
+    except LookupError:
+        df = read_table(spark(), path)
+        return df.count(), {c: {str(r[c]): r["count"] for r in df.groupBy(c).count().collect()} for c in columns}

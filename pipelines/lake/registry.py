@@ -14,13 +14,14 @@ from pipelines.home import Home
 from pipelines.lake.jvm import jvm_class
 from pipelines.lake.log import newer_version, open_log
 from pipelines.lake.read import read_in_range, read_table
-from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty
+from pipelines.lake.sink import DEFAULT_CHECKPOINT_INTERVAL, DeltaSink, create_empty, delta_errors
 
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One table: `name` is also its folder, asset key suffix and checkpoint name. `kept_by`
-    names what keeps a table that no stage writes (a state table: no rule reads it)."""
+    """One table: `name` is also its folder (`tables/<name>`) and its Dagster asset key (its layer,
+    then the name without the layer's prefix: silver_dns -> silver/dns). `kept_by` names what keeps a table
+    that no stage writes (a state table: no rule reads it)."""
 
     name: str
     layer: str
@@ -36,13 +37,14 @@ def _specs() -> dict[str, TableSpec]:
 
     specs = [
         TableSpec(source.bronze_table, "bronze", source.description,
-                  schemas.BRONZE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["bronze"]))
+                  schemas.BRONZE_SCHEMA, ("event_date",))
         for source in sources()
     ]
+    # Not partitioned: quarantined lines have no trustworthy event time to partition by.
     specs.append(TableSpec("quarantine", "bronze", "lines that could not be parsed, with the reason",
-                           schemas.QUARANTINE_SCHEMA, tuple(schemas.PARTITION_COLUMNS["quarantine"])))
+                           schemas.QUARANTINE_SCHEMA))
     specs += [
-        TableSpec(name, "silver", schemas.SILVER_DESCRIPTIONS[name], schema, tuple(schemas.PARTITION_COLUMNS[name]))
+        TableSpec(name, "silver", schemas.SILVER_DESCRIPTIONS[name], schema, ("event_date",))
         for name, schema in schemas.SILVER_SCHEMAS.items()
     ]
     specs.append(TableSpec("end_of_input", "silver", "run-once's marks: every event before flush_at has arrived",
@@ -100,6 +102,11 @@ class Lake:
 
     @staticmethod
     def spec(name: str) -> TableSpec:
+        """The registry's entry for `name`; ValueError naming the nearest table for an unknown one.
+
+        >>> Lake.spec("silver_dns").partition_by
+        ('event_date',)
+        """
         _load_all()
         try:
             return TABLES[name]
@@ -110,10 +117,12 @@ class Lake:
 
     @staticmethod
     def names() -> list[str]:
+        """Every table of the registry, in layer order (bronze first)."""
         _load_all()
         return list(TABLES)
 
     def path(self, name: str) -> Path:
+        """Where table `name` lives: `<lake root>/tables/<name>` (a local Path or an ObjectPath)."""
         return self.home.table(self.spec(name).name)
 
     def exists(self, name: str) -> bool:
@@ -174,8 +183,18 @@ class Lake:
         return DeltaSink(self.path(name), app_id=app_id or name, partition_by=spec.partition_by,
                          commit_lock=partial(self.home.commit_lock, spec.name))
 
+    def append(self, name: str, frame: DataFrame) -> None:
+        """Append `frame` to `name` as a plain Delta append: no batch id, for rows whose repeat says
+        the same again (a rule's health, a platform alert whose id says whether it is new). The caller
+        holds `home.commit_lock(name)`, around its read too when the rows depend on one. Columns the
+        table lacks are added (a table from an older seclake); Delta's refusals name the table."""
+        with delta_errors(name):
+            (frame.write.format("delta").mode("append").option("mergeSchema", "true")
+             .partitionBy(*self.spec(name).partition_by).save(str(self.path(name))))
+
     def read(self, spark: SparkSession, name: str, *, version: int | None = None,
              timestamp: str | datetime | None = None) -> DataFrame:
+        """Table `name`'s latest snapshot, or the one at `version` or `timestamp` (`read.read_table`)."""
         return read_table(spark, self.path(name), version=version, timestamp=timestamp)
 
     def read_in_range(self, spark: SparkSession, name: str, column: str, lo: datetime, hi: datetime) -> DataFrame:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructType, TimestampNTZType, TimestampType
 
-from pipelines.lake.jvm import jvm_class, scala_object, scala_seq
+from pipelines.lake.jvm import delta_log, jvm_class, scala_now, scala_object, scala_seq
 from pipelines.lake.log import commit_versions
 from pipelines.lake.schema import SchemaMismatchError, as_nullable
 
@@ -160,8 +159,7 @@ def _same_columns(txn, schema: StructType) -> bool:
 
 def _transaction(spark: SparkSession, uri: str):
     """A delta-spark OptimisticTransaction on the table at `uri` (read version -1: no table yet)."""
-    log = jvm_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, uri)
-    return log.startTransaction()
+    return delta_log(spark, uri).startTransaction()
 
 
 def _new_table(spark: SparkSession, txn, schema: StructType, partition_by: list[str],
@@ -180,10 +178,9 @@ def _new_table(spark: SparkSession, txn, schema: StructType, partition_by: list[
     configuration = getattr(maps, "from")(jvm_class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(values))
     actions = "org.apache.spark.sql.delta.actions."
     parquet = jvm_class(spark, actions + "Format")("parquet", maps.empty())
-    created = jvm_class(spark, "scala.Some")(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
     txn.updateMetadataForNewTable(jvm_class(spark, actions + "Metadata")(
         str(uuid.uuid4()), None, None, parquet, as_nullable(schema).json(), scala_seq(spark, partition_by),
-        configuration, created))
+        configuration, scala_now(spark)))
 
 
 def _committed_batch(spark: SparkSession, txn, app_id: str) -> int:
@@ -229,10 +226,8 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
         # An empty commit would wake every streaming query reading the table for a micro-batch of
         # nothing (17 of 18 enriched_ids_alerts commits in one alert_latency run).
         return None, 0
-    some = jvm_class(spark, "scala.Some")
-    now = some(jvm_class(spark, "java.lang.Long").valueOf(int(time.time() * 1000)))
     actions = getattr(files, "$colon$plus")(jvm_class(spark, "org.apache.spark.sql.delta.actions.SetTransaction")(
-        app_id, batch_id, now))
+        app_id, batch_id, scala_now(spark)))
     with commit_lock():
         version = int(txn.commit(actions, _write_operation(spark, "Append", partition_by, tag)))
     rows = txn.getMetric("numOutputRows")

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-SEVERITIES = ("info", "low", "medium", "high", "critical")  # least urgent first
+from pipelines.schemas import SEVERITIES
+
 RETRIABLE_STATUS = {408, 429}
 
 

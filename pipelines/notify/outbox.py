@@ -10,13 +10,15 @@ once, and the receiver sees the same `Idempotency-Key`.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
-from pipelines.notify.delivery import SEVERITIES, Destination, Outcome, deliver
+from pipelines.notify.delivery import Destination, Outcome, deliver
 from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.schemas import SEVERITIES
 
 NOTIFICATIONS_TABLE = "notifications"
 
@@ -41,7 +43,7 @@ def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: in
 
 
 def notify(spark: SparkSession, lake: Lake, destination: Destination, max_attempts: int = 5,
-           retry_dead: bool = False, **deliver_options) -> Outcome:
+           retry_dead: bool = False, **deliver_options: Any) -> Outcome:
     """Deliver what is pending for `destination`, then record every outcome in `notifications`."""
     alerts = pending(spark, lake, destination, retry_dead=retry_dead)
     outcome = deliver(alerts, destination, max_attempts=max_attempts, **deliver_options)

@@ -26,6 +26,7 @@ from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
 from pipelines.rules.engine import retry_on_conflict, rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
+from pipelines.settings import utc_instant
 from pipelines.triage.suppressions import mark
 
 GROUND_TRUTH = "ground_truth.jsonl"
@@ -77,7 +78,7 @@ def load_ground_truth(path: str | os.PathLike) -> list[Incident]:
         try:
             r = json.loads(line)
             incidents.append(Incident(r.get("id") or f"line{n}", r["scenario"], r.get("host_ip"), r.get("mac"),
-                                      _instant(r["start"]), _instant(r["end"])))
+                                      utc_instant(r["start"]), utc_instant(r["end"])))
         except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a list, a number for a time
             raise ValueError(f"{path}:{n}: not a ground-truth record ({exc})") from None
     return incidents
@@ -313,7 +314,7 @@ def parse_when(value: str, *, end_of_day: bool = False) -> datetime:
         if len(value.strip()) == 10:
             day = date.fromisoformat(value.strip())
             return datetime.combine(day + timedelta(days=1 if end_of_day else 0), time(), timezone.utc)
-        return _instant(value)
+        return utc_instant(value)
     except (ValueError, OverflowError):  # OverflowError: the day after 9999-12-31
         raise ValueError(f"{value!r} is not a date (2026-11-20) or an ISO-8601 time (2026-11-20T08:00:00Z) "
                          "before 9999-12-31") from None
@@ -338,11 +339,6 @@ def rule_at_revision(path: str | os.PathLike, revision: str) -> Rule:
         return validate_rule(shown, slug=path.stem)
     except RuleError as exc:
         raise RuleError(f"{path} at {revision}: {exc}") from None
-
-
-def _instant(value: str) -> datetime:
-    parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
 def _from_micros(micros: int) -> datetime:

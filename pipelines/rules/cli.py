@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.rules.pack import RulePack, default_rules_dir, scan_rules
+from pipelines.rules.pack import RulePack, default_rules_dir, duplicate_id, duplicate_name, scan_rules
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 
 
@@ -175,10 +175,9 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
         return replaced
     for other in others:
         if rule.id == other.id:
-            raise RuleError(f"{rule.path}: duplicate id {rule.id}, the id of {other.path}: give this rule an id "
-                            "of its own (python -c 'import uuid; print(uuid.uuid4())')")
+            raise RuleError(duplicate_id(rule.path, rule.id, other.path))
         if rule.slug == other.slug:
-            raise RuleError(f"{rule.path}: duplicate rule file name {rule.slug!r} ({other.path}): rename this file")
+            raise RuleError(duplicate_name(rule.path, rule.slug, other.path))
     return None
 
 

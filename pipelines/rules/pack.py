@@ -62,18 +62,35 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
             pack.errors[path] = str(exc)
             continue
         if rule.id in ids:
-            pack.errors[path] = (f"{path}: duplicate id {rule.id}, the id of {_elder(ids[rule.id], path)}: "
-                                 "give this rule an id of its own (python -c 'import uuid; print(uuid.uuid4())')")
+            pack.errors[path] = duplicate_id(path, rule.id, _elder(ids[rule.id], path))
             continue
         if rule.slug in slugs:
-            pack.errors[path] = (f"{path}: duplicate rule file name {rule.slug!r} ({_elder(slugs[rule.slug], path)} "
-                                 "keeps it): rename this file")
+            pack.errors[path] = duplicate_name(path, rule.slug, f"{_elder(slugs[rule.slug], path)} keeps it")
             continue
         ids[rule.id] = path
         slugs[rule.slug] = path
         pack.rules.append(rule)
     pack.rules.sort(key=lambda r: r.slug)
     return pack
+
+
+def duplicate_id(path: Path, rule_id: str, holder: object) -> str:
+    """Why the rule file at `path` is refused: its id is the id of `holder` (a file).
+
+    >>> duplicate_id(Path("b.sql"), "1234", "a.sql").split(": give")[0]
+    'b.sql: duplicate id 1234, the id of a.sql'
+    """
+    return (f"{path}: duplicate id {rule_id}, the id of {holder}: give this rule an id of its own "
+            "(python -c 'import uuid; print(uuid.uuid4())')")
+
+
+def duplicate_name(path: Path, slug: str, holder: object) -> str:
+    """Why the rule file at `path` is refused: another file (`holder`) has its name.
+
+    >>> duplicate_name(Path("x/dga.sql"), "dga", "y/dga.sql")
+    "x/dga.sql: duplicate rule file name 'dga' (y/dga.sql): rename this file"
+    """
+    return f"{path}: duplicate rule file name {slug!r} ({holder}): rename this file"
 
 
 def _elder(kept: Path, refused: Path) -> str:

@@ -25,13 +25,13 @@ from sqlglot.errors import ParseError, SqlglotError
 from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, LOOKUP_TABLES, readable_tables, table_schema
 from pipelines.sandbox import SandboxError, check_escapes, function_names
+from pipelines.schemas import SEVERITIES
 from pipelines.settings import interval_seconds
 
 # Every rule returns these columns (more are allowed: they are stored as JSON in `details`).
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "src_ip", "mac", "device", "owner", "window_start", "window_end", "first_seen", "last_seen", "evidence",
 )
-SEVERITIES: tuple[str, ...] = ("low", "medium", "high", "critical")
 MITRE_ID = re.compile(r"T\d{4}(\.\d{3})?")
 SLUG = re.compile(r"[a-z][a-z0-9_]*")
 

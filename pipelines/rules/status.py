@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.lake.log import commit_versions
 from pipelines.lake.registry import Lake
-from pipelines.lake.sink import delta_errors
 from pipelines.rules.health import DISABLED, RuleHealth
 from pipelines.rules.tables import ALERTS_TABLE, RULE_DISABLED_ID, RULE_STATUS_TABLE
 
@@ -33,10 +33,12 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _log_version(path: Path) -> int:
+def _newest_version(path: Path) -> int:
     """The newest commit of a local table, from its log folder's file names (-1: no table)."""
-    names = [p.name for p in (path / "_delta_log").glob("*.json") if p.name[:20].isdigit()]
-    return max((int(n[:20]) for n in names), default=-1)
+    try:
+        return max(commit_versions(path / "_delta_log"), default=-1)
+    except FileNotFoundError:
+        return -1
 
 
 def recorded_health(lake: Lake, spark: Callable[[], SparkSession]) -> dict[str, RuleHealth]:
@@ -97,7 +99,7 @@ class RuleStatus:
     def all(self) -> dict[str, RuleHealth]:
         """rule -> its newest health, whatever file it was about."""
         path = self.lake.path(RULE_STATUS_TABLE)
-        version = _log_version(path)
+        version = _newest_version(path)
         if version != self._version:
             self._health = self._load() if version >= 0 else {}
             self._version = version
@@ -128,10 +130,9 @@ class RuleStatus:
         row: tuple = (health.rule, health.content_hash, health.state, health.failures, health.reason,
                       health.retry_at, now)
         frame = self.spark.createDataFrame([row], self.lake.spec(RULE_STATUS_TABLE).schema)
-        with delta_errors(RULE_STATUS_TABLE):
-            frame.write.format("delta").mode("append").save(str(self.lake.path(RULE_STATUS_TABLE)))
+        self.lake.append(RULE_STATUS_TABLE, frame)
         self._health[health.rule] = health
-        self._version = _log_version(self.lake.path(RULE_STATUS_TABLE))
+        self._version = _newest_version(self.lake.path(RULE_STATUS_TABLE))
         if health.state == DISABLED and (before is None or before.state != DISABLED):
             log.error("rule %s disabled after %d failure(s) in a row: %s; `seclake rules enable %s` re-enables it",
                       health.rule, health.failures, health.reason, health.rule)
@@ -166,10 +167,8 @@ def platform_alerts(spark: SparkSession, lake: Lake, rows: list[tuple]) -> DataF
 
 def append_platform_alerts(lake: Lake, frame: DataFrame) -> None:
     """Append platform alerts to `alerts` (a plain append: their ids say whether one is new)."""
-    with delta_errors(ALERTS_TABLE), lake.home.commit_lock(ALERTS_TABLE):
-        # mergeSchema: an alerts table from before `suppressed_by` gains the column.
-        (frame.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy("event_date")
-         .save(str(lake.path(ALERTS_TABLE))))
+    with lake.home.commit_lock(ALERTS_TABLE):
+        lake.append(ALERTS_TABLE, frame)
 
 
 _STATUS: dict[str, RuleStatus] = {}

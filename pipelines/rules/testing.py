@@ -33,7 +33,7 @@ import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 
 import yaml
 from pyspark.sql import SparkSession
@@ -44,7 +44,7 @@ from pipelines.rules.engine import analysis_error
 from pipelines.rules.spec import Rule, RuleError, yaml_problem
 from pipelines.rules.tables import table_schema
 from pipelines.schemas import ALERTS_SCHEMA
-from pipelines.settings import interval_seconds
+from pipelines.settings import interval_seconds, utc_instant
 
 _INDEX = re.compile(r"\{i(?::([^}]*))?\}")
 
@@ -191,7 +191,7 @@ def _typed(row: dict, schema: StructType, where: str) -> dict:
             if value is None:
                 out[name] = None
             elif isinstance(dtype, TimestampType):
-                out[name] = parse_time(value)
+                out[name] = utc_instant(value if isinstance(value, datetime) else str(value))
             elif isinstance(dtype, DateType):
                 out[name] = value if isinstance(value, date) else date.fromisoformat(str(value))
             elif isinstance(dtype, ArrayType):
@@ -209,16 +209,6 @@ def _typed(row: dict, schema: StructType, where: str) -> dict:
         except (TypeError, ValueError) as exc:
             raise RuleError(f"{where}: column {name}: {value!r} is not a {dtype.simpleString()} ({exc})") from None
     return out
-
-
-def parse_time(value) -> datetime:
-    """'2026-11-20 09:10:00' (UTC unless it says otherwise) -> aware datetime.
-
-    >>> parse_time("2026-11-20 09:10:00").isoformat()
-    '2026-11-20T09:10:00+00:00'
-    """
-    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
 def run_case(spark: SparkSession, rule: Rule, case: Case) -> CaseResult:
@@ -256,7 +246,7 @@ def _matches(alert: dict, expected: dict) -> bool:
             continue
         got = alert.get(key)
         if isinstance(got, datetime):
-            if want is None or got != parse_time(want):
+            if want is None or got != utc_instant(want if isinstance(want, datetime) else str(want)):
                 return False
         elif isinstance(got, list):
             if list(want or []) != got:

@@ -8,9 +8,10 @@ import difflib
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from pipelines.sandbox import SandboxError, check_escapes, check_tokens
+from pipelines.settings import utc_instant
 
 AsOf = int | datetime
 
@@ -42,18 +43,17 @@ def parse_as_of(value: str | int | datetime) -> AsOf:
     (12, datetime.datetime(2026, 11, 20, 10, 0, tzinfo=datetime.timezone.utc))
     """
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return utc_instant(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     text = str(value).strip()
     if re.fullmatch(r"[vV]?\d+", text):
         return int(text.lstrip("vV"))
     try:
-        when = datetime.fromisoformat(text)
+        return utc_instant(text)
     except ValueError:
         raise ValueError(f"bad as-of {value!r}: expected a version (12 or v12) "
                          "or an ISO timestamp (2026-11-20T10:00:00Z)") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pipelines.rules.cli import find_rule, rules_dir_arg, rules_folder
 from pipelines.rules.pack import rule_names
 from pipelines.rules.spec import RuleError, is_rule_id
 from pipelines.rules.tables import PLATFORM_RULE_IDS, PLATFORM_RULE_PREFIX
-from pipelines.settings import rows_arg
+from pipelines.settings import rows_arg, utc_instant
 
 HomeArg = Callable[[argparse.ArgumentParser], None]
 LIST_COLUMNS = ["alert", "severity", "rule", "window start (UTC)", "src_ip", "device", "status", "assignee",
@@ -31,7 +31,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
     >>> parser.parse_args(["alerts", "list", "--rule", "dga_nxdomain_burst", "--severity", "high"]).severity
     'high'
     """
-    from pipelines.triage.store import SEVERITIES
+    from pipelines.schemas import SEVERITIES
 
     alerts = sub.add_parser("alerts", help="the alert queue: list, show, acknowledge, close, assign")
     verbs = alerts.add_subparsers(dest="alerts_command", required=True, metavar="COMMAND")
@@ -174,10 +174,9 @@ def _utc_time(text: str | None, flag: str) -> datetime | None:
     if not text:
         return None
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return utc_instant(text)
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected an ISO time such as 2026-11-20T06:00") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
 def cmd_suppress_add(args: argparse.Namespace) -> int:

@@ -20,11 +20,12 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import PLATFORM_RULE_PREFIX
+from pipelines.schemas import SEVERITIES
 from pipelines.triage.store import CLOSED, TRIAGE_TABLE, newest_versions, triaged_alerts
 
 INCIDENTS_TABLE = "incidents"
 NETWORK = "(network)"  # the entity of alerts that name no host
-SEVERITY_WEIGHT = {"critical": 100, "high": 50, "medium": 20, "low": 5, "info": 1}
+SEVERITY_WEIGHT = dict(zip(SEVERITIES, (5, 20, 50, 100), strict=True))
 
 
 def incidents(spark: SparkSession, lake: Lake, span: timedelta = timedelta(hours=24)) -> DataFrame:

@@ -17,11 +17,11 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.schemas import SEVERITIES
 
 TRIAGE_TABLE = "alert_triage"
 OPEN, ACKNOWLEDGED, CLOSED = "open", "acknowledged", "closed"
 STATUSES = (OPEN, ACKNOWLEDGED, CLOSED)
-SEVERITIES = ("critical", "high", "medium", "low", "info")  # most urgent first: the queue's order
 MIN_PREFIX = 8
 
 
@@ -183,5 +183,7 @@ def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, AC
                             | (F.lower("device") == host.lower()))
     if since is not None:
         frame = frame.where(F.col("window_start") >= F.lit(since.astimezone(timezone.utc)))
-    rank = F.coalesce(F.array_position(F.array(*[F.lit(s) for s in SEVERITIES]), F.col("severity")), F.lit(99))
+    # Most urgent first: the queue's order.
+    rank = F.coalesce(F.array_position(F.array(*[F.lit(s) for s in reversed(SEVERITIES)]), F.col("severity")),
+                      F.lit(99))
     return frame.orderBy(rank, F.col("window_start").desc(), "alert_id")

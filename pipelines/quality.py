@@ -1,8 +1,7 @@
 """Great Expectations suites of the silver and enriched tables, in one place, and how they run.
 
-No Dagster imports: `assets/checks.py` wraps these as asset checks, and the module could move to
-`pipelines/` unchanged. Suites are derived from each table's registry schema by column name, so
-a new table gets its expectations without code:
+`assets/checks.py` wraps these as Dagster asset checks. Suites are derived from each table's
+registry schema by column name, so a new table gets its expectations without code:
 
 - not null: `event_id`, `event_time`, `event_date` (and the key columns of `dhcp_leases` and
   `dhcp_clock`);
@@ -31,6 +30,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no usage statistics se
 import great_expectations as gx  # noqa: E402
 import great_expectations.expectations as gxe  # noqa: E402
 import pandas as pd  # noqa: E402
+from great_expectations.core import ExpectationSuiteValidationResult  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
@@ -169,7 +169,8 @@ def _context():
     return _CONTEXT
 
 
-def run_suite(data, suite: gx.ExpectationSuite, *, result_format: str = "SUMMARY"):
+def run_suite(data: DataFrame | pd.DataFrame, suite: gx.ExpectationSuite, *,
+              result_format: str = "SUMMARY") -> ExpectationSuiteValidationResult:
     """Run `suite` over a Spark or pandas DataFrame with a GE ValidationDefinition; GE's result."""
     ctx = _context()
     token = uuid.uuid4().hex[:8]
@@ -190,12 +191,13 @@ def run_suite(data, suite: gx.ExpectationSuite, *, result_format: str = "SUMMARY
         ctx.data_sources.delete(source.name)
 
 
-def _failures(result) -> list[Failed]:
+def _failures(result: ExpectationSuiteValidationResult) -> list[Failed]:
     failed = []
     for r in result.results:
         if r.success:
             continue
         config = r.expectation_config
+        assert config is not None  # a suite's run gives each result its expectation's configuration
         info = r.exception_info or {}
         raised = info.get("raised_exception") if isinstance(info, dict) else None
         res = r.result or {}
@@ -245,8 +247,7 @@ def validate(df: DataFrame, suite: gx.ExpectationSuite, *, engine: str = "auto",
         quick = run_suite(data, suite, result_format="BOOLEAN_ONLY")
         if quick.success:
             return Outcome(suite.name, True, len(quick.results), rows, "spark")
-        failing = {(r.expectation_config.type, r.expectation_config.kwargs.get("column"))
-                   for r in quick.results if not r.success}
+        failing = {(f.expectation, f.column) for f in _failures(quick)}
         again = gx.ExpectationSuite(name=suite.name, expectations=[
             e for e in suite.expectations if (e.expectation_type, getattr(e, "column", None)) in failing])
         detail = run_suite(data, again, result_format="SUMMARY")
