@@ -59,6 +59,8 @@ def table_state_sensor(context: SensorEvaluationContext, lake: LakeResource):
     latest = context.instance.get_latest_materialization_events(list(keys.values()))
     reports = changed_tables(lake.lake, {table: recorded_version(latest.get(key)) for table, key in keys.items()})
     if not reports:
+        if not any(lake.lake.exists(table) for table in keys):
+            return SkipReason(f"no table written in {lake.lake.home.root} yet")
         return SkipReason("every table's latest materialisation shows its current Delta version")
     # A tick that requests no run is logged as skipped: its reason says what it reported instead.
     names = ", ".join(event.asset_key.to_user_string() for event in reports)

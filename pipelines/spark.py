@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from pyspark import SparkConf, SparkContext, accumulators
 from pyspark.java_gateway import launch_gateway
@@ -223,6 +224,10 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     check_master(master)
+    if urlsplit(master).hostname in (None, "127.0.0.1", "localhost"):  # local[*], or `seclake cluster`'s master
+        # No executor elsewhere needs the driver: its RPC, block manager and UI ports listen on the
+        # loopback only, not on every address of the machine (the block manager serves table data).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     started = SparkContext._active_spark_context is None  # else getOrCreate returns the running session
     _start_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)

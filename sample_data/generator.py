@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from operator import itemgetter
 from pathlib import Path
@@ -134,10 +134,29 @@ def run(args: argparse.Namespace) -> int:
 
     Progress: one step per simulated hour (a bar on a terminal, plain lines otherwise).
     """
+    started = time.monotonic()
+    with _sigterm_as_ctrl_c():
+        return _run(args, started)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """A service manager (or `kill`) stops a live feed with SIGTERM: the same clean stop as Ctrl-C
+    while this holds, where it ended the process with the manifest behind the files."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, started: float) -> int:
     from pipelines.home import Home
     from pipelines.terminal import Progress
 
-    started = time.monotonic()
     try:
         out = args.out or Home.resolve(None).root
         hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)

@@ -429,7 +429,8 @@ def test_committed_sample_is_what_the_generator_makes(tmp_path):
     assert tree_hashes(tmp_path) == tree_hashes(SAMPLE)
 
 
-def test_live_mode_stops_cleanly_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_live_mode_stops_cleanly_on_ctrl_c_or_a_service_managers_sigterm(tmp_path, stop):
     out = tmp_path / "live"
     # Started as from a terminal, Ctrl-C at its default: not whatever this test process's is.
     proc = subprocess.Popen(
@@ -439,7 +440,7 @@ def test_live_mode_stops_cleanly_on_ctrl_c(tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and len(list((out / "landing" / "suricata").glob("eve.*"))) < 2:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "interrupted" in err and "Traceback" not in err

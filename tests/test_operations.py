@@ -18,7 +18,16 @@ from pipelines.home import Home
 from pipelines.jobs import run_once
 from pipelines.lake.log import commits
 from pipelines.lake.registry import Lake
-from pipelines.operations.rollback import _history, _kept_batch, plan_rollback, rewind_checkpoint, rollback
+from pipelines.operations.rollback import (
+    RollbackPlan,
+    TableStep,
+    _history,
+    _kept_batch,
+    apply_plan,
+    plan_rollback,
+    rewind_checkpoint,
+    rollback,
+)
 from pipelines.operations.running import (
     LOCK,
     PENDING,
@@ -361,6 +370,18 @@ def test_a_job_launched_from_a_shell_without_dagster_home_is_recorded_in_the_hom
     assert done.returncode == 0, done.stderr[-2000:]
     with DagsterInstance.from_config(str(home.dagster)) as instance:
         assert [(r.job_name, r.status.value) for r in instance.get_runs()] == [("retention_job", "SUCCESS")]
+
+
+def test_a_rollback_applies_and_counts_the_steps_its_plan_shows_and_no_other(tmp_path):
+    # A shared table its reset writers never wrote a row to stays as it is: the dry run did not show
+    # it, and the real run counted it as a step ("[2/22] late_events at version 0").
+    kept = TableStep("late_events", 0, 0, {}, "enriched_dns is reset")
+    moved = TableStep("enriched_dns", 3, 3, {"enriched_dns": -1}, "enriched_dns is reset")
+    assert RollbackPlan("dhcp_leases", None, True, tables=[kept, moved]).steps() == [moved.line()]
+    plan = RollbackPlan("dhcp_leases", None, True, tables=[kept])
+    done: list = []
+    apply_plan(None, Lake(Home.resolve(tmp_path).create()), plan, on_step=done.append)  # type: ignore[arg-type]
+    assert plan.steps() == [] and done == []
 
 
 def test_rewind_checkpoint_cuts_offsets_and_rebuilds_compacted_source_logs(tmp_path):

@@ -101,3 +101,32 @@ def test_the_rules_application_keeps_ignoring_ctrl_c_once_its_session_starts():
                               capture_output=True, text=True, timeout=300,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         assert done.returncode == 0 and done.stdout.strip() == ignored, done.stdout + done.stderr[-2000:]
+
+
+def _listening_addresses(pid: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets process `pid` listens on."""
+    import os
+
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+                    found.add(fields[1].rsplit(":", 1)[0])
+    return found
+
+
+def test_a_local_sessions_jvm_listens_on_the_loopback_only(spark):
+    # The driver's RPC and block manager (which serves cached table data) answered on every address.
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    addresses = _listening_addresses(spark.sparkContext._gateway.proc.pid)
+    assert len(addresses) >= 1 and addresses <= loopback, addresses

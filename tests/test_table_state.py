@@ -78,3 +78,8 @@ def test_sensor_reports_only_tables_whose_version_changed_since_their_latest_mat
     assert meta["table_version"] == old["table_version"] + 1
     assert meta["dagster/row_count"] == old["dagster/row_count"] + 1
     assert meta["dagster/last_updated_timestamp"] >= old["dagster/last_updated_timestamp"]
+
+
+def test_on_a_home_with_no_table_the_sensor_says_so(tmp_path):
+    lake = Lake(Home.resolve(tmp_path).create())
+    assert evaluate(DagsterInstance.ephemeral(), lake).skip_message == f"no table written in {tmp_path} yet"

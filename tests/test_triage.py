@@ -370,6 +370,10 @@ def test_a_suppression_given_a_rule_by_file_name_is_stored_by_id_and_matches(spa
     assert marked == {"aaaa11110": None, "aaaa11119": None, "bbbb22220": ident, "cccc33330": None}  # that rule only
     assert main(["suppress", "list", *home]) == 0
     assert capsys.readouterr().out.splitlines()[-1].split()[:2] == [ident, "internal_port_scan"]
+    assert main(["suppress", "add", "--rule", "internal_port_scan", "--ip", "10.0.0.5", "--reason", "lab scanner",
+                 "--by", "ana", *home]) == 0  # the same again: nothing added, so nothing it would mark
+    again = capsys.readouterr()
+    assert f"suppression {ident} (already in force, not added again)" in again.out and not again.err
 
 
 @pytest.mark.parametrize("command", [["alerts", "list", "--rule", "port_scan"],

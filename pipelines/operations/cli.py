@@ -69,8 +69,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             for line in plan.lines():
                 print(line, flush=True)
             if not args.dry_run and plan.steps():
-                progress.append(stack.enter_context(Progress("rollback", total=len(plan.tables)
-                                                             + len(plan.checkpoints))))
+                progress.append(stack.enter_context(Progress("rollback", total=len(plan.steps()))))
 
         def start_spark():
             from pipelines.spark import get_spark

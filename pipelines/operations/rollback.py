@@ -58,6 +58,10 @@ from pipelines.rules.tables import ALERTS_TABLE
 WRITE = "WRITE"  # the operation of a DeltaSink append (RESTORE, DELETE and txn resets are not batches)
 
 
+# Why a rule's checkpoint goes: its alerts are computed again, and `alerts.unseen` keeps each once.
+_RULES_RESET = "rules re-read their inputs; an alert the table still holds is not written twice"
+
+
 @dataclass(frozen=True)
 class TableStep:
     """One table's move: RESTORE to `target`, or delete every row (`target` None), then set `txn`."""
@@ -76,6 +80,11 @@ class TableStep:
     def done(self) -> str:
         """The step once applied, in a few words (progress)."""
         return f"{self.table} {'emptied' if self.target is None else f'at version {self.target}'}"
+
+    def changes(self) -> bool:
+        """Whether the step changes the table: a RESTORE, a DELETE or a txn reset (a table its reset
+        writers never wrote a row to stays as it is)."""
+        return self.target != self.current or bool(self.txn)
 
 
 @dataclass(frozen=True)
@@ -110,8 +119,7 @@ class RollbackPlan:
 
     def steps(self) -> list[str]:
         """One line per change, tables first (none: nothing to do)."""
-        changes = [s.line() for s in self.tables if s.target != s.current or s.txn]
-        return [*changes, *(c.line() for c in self.checkpoints)]
+        return [*(s.line() for s in self.tables if s.changes()), *(c.line() for c in self.checkpoints)]
 
     def command(self) -> str:
         """The command line that makes this plan."""
@@ -263,7 +271,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
     if table == ALERTS_TABLE:
         targets[table], reasons[table] = version, "requested"
         for rule in rules:
-            resets[rule.name] = "rules re-read their inputs; alerts the table holds are not written twice"
+            resets[rule.name] = _RULES_RESET
     else:
         writers = [s for s in all_stages if table in s.writes]
         if len(writers) != 1:
@@ -351,7 +359,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                                      "every version was committed after the first removed upstream commit")
         alerts_moved = ALERTS_TABLE in changed()
         for rule in rules if alerts_moved else readers:
-            resets[rule.name] = "rules re-read their inputs; alerts the table holds are not written twice"
+            resets[rule.name] = _RULES_RESET
     if any(_is_rule(s) and s.name in resets for s in all_stages) and lake.home.checkpoints.is_dir():
         # Rules of another pack (`--rules`) wrote alerts too: their checkpoints go with the others.
         for folder in sorted(lake.home.checkpoints.glob(f"{RULE_QUERY_PREFIX}*")):
@@ -379,7 +387,7 @@ def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan,
     already done), which is how `rollback` finishes a plan an interruption left half done (`PENDING`)."""
     from pipelines.lake.admin import delete_all, restore, set_transactions
 
-    for step in plan.tables:
+    for step in filter(TableStep.changes, plan.tables):  # the steps `lines()` shows, no more
         path = lake.path(step.table)
         with lake.home.commit_lock(step.table):  # `rules enable`, a backtest may commit meanwhile
             if step.target is None:

@@ -196,9 +196,10 @@ def cmd_suppress_add(args: argparse.Namespace) -> int:
     named = f"{rule_names(rules_folder(args)).get(rule, rule)} ({rule})" if rule else "every rule"
     print(f"suppression {ident}{'' if new else ' (already in force, not added again)'}: {named} on {kind} "
           f"{suppression.stored_value()}{f' until {expires:%Y-%m-%d %H:%M} UTC' if expires else ''}")
-    print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)"
-          + ("" if expires else f"; with no --expires it lasts until `seclake suppress expire {ident}`"),
-          file=sys.stderr)
+    if new:
+        print("it marks alerts written from now on; alerts already in the queue stay there (seclake alerts close)"
+              + ("" if expires else f"; with no --expires it lasts until `seclake suppress expire {ident}`"),
+              file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 /*
 id: bb5ac140-6712-439e-bd9b-b66dc4abdecf
 name: DNS lookup of a threat-intel domain
-version: 2
+version: 3
 severity: high
 mitre: [T1071.004, T1568]
 description: >
@@ -26,6 +26,8 @@ keys: [src_ip, mac, indicator]
 WITH lookups AS (
     SELECT
         src_ip, mac, device, owner, event_time,
+        -- one lookup, whichever sensor logged it (Suricata writes its query and its answer)
+        concat_ws('|', src_port, trans_id, query) AS transaction,
         lower(query) AS name,
         split(lower(query), '[.]') AS labels
     FROM enriched_dns
@@ -34,13 +36,13 @@ WITH lookups AS (
 
 candidates AS (                         -- the name and each parent domain of two labels or more
     SELECT
-        src_ip, mac, device, owner, event_time, name,
+        src_ip, mac, device, owner, event_time, transaction, name,
         explode(transform(sequence(1, size(labels) - 1), i -> array_join(slice(labels, i, size(labels)), '.'))) AS domain
     FROM lookups
 ),
 
 hits AS (
-    SELECT c.src_ip, c.mac, c.device, c.owner, c.event_time, c.name, i.value AS indicator, i.source AS feed
+    SELECT c.src_ip, c.mac, c.device, c.owner, c.event_time, c.transaction, c.name, i.value AS indicator, i.source AS feed
     FROM candidates c
     JOIN indicators i ON i.value = c.domain AND i.type = 'domain'
 )
@@ -51,10 +53,10 @@ SELECT
     window(event_time, '1 day').end AS window_end,
     min(event_time) AS first_seen,
     max(event_time) AS last_seen,
-    count(*) AS lookups,
+    size(collect_set(transaction)) AS lookups,
     min(feed) AS feed,
     concat(coalesce(device, src_ip), ' resolved ', min(name), ', listed by ', min(feed), ' as ', indicator,
-           ' (', count(*), ' lookup(s) between ', date_format(min(event_time), 'HH:mm'), ' and ',
+           ' (', size(collect_set(transaction)), ' lookup(s) between ', date_format(min(event_time), 'HH:mm'), ' and ',
            date_format(max(event_time), 'HH:mm'), ' UTC)') AS evidence
 FROM hits
 GROUP BY src_ip, mac, device, owner, indicator, window(event_time, '1 day')

@@ -1,7 +1,7 @@
 /*
 id: cfa03269-307e-49a0-96fe-8fb38b918816
 name: Connection with a threat-intel IP address
-version: 3
+version: 4
 severity: high
 mitre: [T1071]
 description: >
@@ -30,7 +30,9 @@ WITH sides AS (
         coalesce(attributed_ip, src_ip) AS src_ip, mac, device, owner, event_time,
         CASE WHEN coalesce(attributed_ip, src_ip) = src_ip THEN dst_ip ELSE src_ip END AS remote,
         CASE WHEN coalesce(attributed_ip, src_ip) = src_ip THEN 'to' ELSE 'from' END AS direction,
-        dst_port
+        dst_port,
+        -- one connection, whichever sensor logged it (Zeek and Suricata both do)
+        coalesce(community_id, concat_ws(':', src_ip, src_port, dst_ip, dst_port)) AS connection
     FROM enriched_conn
 ),
 
@@ -60,12 +62,12 @@ ranges AS (                             -- each listed range (/8 or longer: one 
 ),
 
 hits AS (
-    SELECT s.src_ip, s.mac, s.device, s.owner, s.event_time, s.remote, s.direction, s.dst_port,
+    SELECT s.src_ip, s.mac, s.device, s.owner, s.event_time, s.remote, s.direction, s.dst_port, s.connection,
         i.value AS indicator, i.source AS feed
     FROM sides s
     JOIN indicators i ON i.value = s.remote AND i.type = 'ip'
     UNION ALL
-    SELECT n.src_ip, n.mac, n.device, n.owner, n.event_time, n.remote, n.direction, n.dst_port,
+    SELECT n.src_ip, n.mac, n.device, n.owner, n.event_time, n.remote, n.direction, n.dst_port, n.connection,
         r.value AS indicator, r.source AS feed
     FROM numbered n
     JOIN ranges r ON r.first_octet = n.first_octet AND n.remote_number BETWEEN r.first_number AND r.last_number
@@ -77,9 +79,9 @@ SELECT
     window(event_time, '1 day').end AS window_end,
     min(event_time) AS first_seen,
     max(event_time) AS last_seen,
-    count(*) AS connections,
+    size(collect_set(connection)) AS connections,
     min(feed) AS feed,
-    concat(coalesce(device, src_ip), ' exchanged ', count(*), ' connection(s) ', min(direction), ' ',
+    concat(coalesce(device, src_ip), ' exchanged ', size(collect_set(connection)), ' connection(s) ', min(direction), ' ',
            CASE WHEN min(remote) = indicator THEN indicator
                 WHEN min(remote) = max(remote) THEN concat(min(remote), ' in ', indicator)
                 ELSE concat(min(remote), ' and other addresses in ', indicator) END,
