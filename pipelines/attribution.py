@@ -54,7 +54,7 @@ from pipelines.query import (
     stateful_session,
 )
 from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
-from pipelines.settings import Settings, interval_seconds
+from pipelines.settings import Settings, interval_seconds, utc_instant
 
 log = logging.getLogger("seclake")
 
@@ -715,11 +715,13 @@ def leased_ips(spark: SparkSession, lake: Lake) -> list[str]:
 
 
 def start_end_of_input(spark: SparkSession, lake: Lake, settings: Settings, trigger: dict) -> RunningQuery:
-    """Run-once's end-of-input mark (pipelines/end_of_input.py) at the newest event in silver; with
-    any other trigger (`seclake stream`) nothing: there the watermarks move with the data."""
+    """Run-once's end-of-input mark (pipelines/end_of_input.py) at the newest event in silver, or at
+    `settings.input_ends_at` when that is later; with any other trigger (`seclake stream`) nothing:
+    there the watermarks move with the data."""
     writer = DoneWriter()
     if trigger == AVAILABLE_NOW:
-        written = mark_input(spark, lake, tuple(SILVER_SCHEMAS), partial(leased_ips, spark, lake))
+        ends_at = utc_instant(settings.input_ends_at) if settings.input_ends_at else None
+        written = mark_input(spark, lake, tuple(SILVER_SCHEMAS), partial(leased_ips, spark, lake), ends_at)
         stats = BatchStats(0)
         if written:
             stats.rows[END_OF_INPUT] = written

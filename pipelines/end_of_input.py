@@ -7,9 +7,11 @@ wait in state for the next run's data.
 
 Run-once therefore marks the end of its input: the `end_of_input` stage appends to the
 `end_of_input` table a `flush_at` at most one millisecond after the newest event in silver, meaning
-"every event before this has arrived". Each stateful query reads that table as one more stream
-and unions the marks into its watermarked input (`with_marks`), so its watermark reaches
-`flush_at` and no further: everything before it is emitted and nothing newer becomes late.
+"every event before this has arrived", or later when the run is told so (the setting
+`input_ends_at`: a capture's end, the end of the last hourly file). Each stateful query reads
+that table as one more stream and unions the marks into its watermarked input (`with_marks`), so
+its watermark reaches `flush_at` and no further: everything before it is emitted and nothing
+newer becomes late.
 dhcp_leases also gets a mark per IP it has seen (`ip` set), because a query only visits the
 keys it has input for, and each open lease must be cut at `flush_at`.
 
@@ -31,6 +33,7 @@ from pipelines.lake.log import newest_in_stats, open_log, quiet_since
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import read_stream
 from pipelines.schemas import END_OF_INPUT_SCHEMA
+from pipelines.settings import Settings, utc_instant
 
 END_OF_INPUT = "end_of_input"
 # Set on the mark rows `with_marks` adds to a stream (NULL on the stream's own rows).
@@ -98,14 +101,20 @@ def table_versions(lake: Lake, tables: Sequence[str]) -> dict[str, list]:
     return found
 
 
-def mark_input(spark: SparkSession, lake: Lake, tables: Sequence[str], ips: Callable[[], list[str]]) -> int:
-    """`mark` the end of the input at the newest event in `tables`; return the rows written.
+def mark_input(spark: SparkSession, lake: Lake, tables: Sequence[str], ips: Callable[[], list[str]],
+               ends_at: datetime | None = None) -> int:
+    """`mark` the end of the input at the newest event in `tables`, or at `ends_at` (aware: the
+    setting `input_ends_at`) when that is later; return the rows written.
 
     The versions of `tables` and of the marks it decided on are kept in the stage's checkpoint
     folder, so that `idle` can later tell, without Spark, that the mark would be the same.
     """
     seen = table_versions(lake, tables)
-    written = mark(spark, lake, newest_event(spark, lake, list(tables)), ips)
+    newest = newest_event(spark, lake, list(tables))
+    if newest is not None and ends_at is not None:  # with no event, nothing waits to be closed
+        # `mark` puts the mark a millisecond after the time it is given: exactly at `ends_at`.
+        newest = max(newest, ends_at.astimezone().replace(tzinfo=None) - timedelta(milliseconds=1))
+    written = mark(spark, lake, newest, ips)
     seen.update(table_versions(lake, [END_OF_INPUT]))
     folder = lake.home.checkpoint(END_OF_INPUT)
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,16 +122,19 @@ def mark_input(spark: SparkSession, lake: Lake, tables: Sequence[str], ips: Call
     return written
 
 
-def idle(lake: Lake, tables: Sequence[str]) -> bool:
-    """True when neither `tables` nor the marks changed since `mark_input` last decided: a mark
-    now would add nothing. A rollback or a new table changes a version and makes it False.
+def idle(lake: Lake, settings: Settings, tables: Sequence[str]) -> bool:
+    """True when neither `tables` nor the marks changed since `mark_input` last decided and no mark
+    is asked for past the last one (`settings.input_ends_at`): a mark now would add nothing. A
+    rollback or a new table changes a version and makes it False.
 
     >>> import tempfile
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     idle(Lake(Home.resolve(tmp)), ["silver_dns"])  # never marked
+    ...     idle(Lake(Home.resolve(tmp)), Settings(), ["silver_dns"])  # never marked
     False
     """
+    if settings.input_ends_at and not _marked_by(lake, utc_instant(settings.input_ends_at)):
+        return False
     try:
         recorded = json.loads((lake.home.checkpoint(END_OF_INPUT) / MARKED_VERSIONS).read_text())
     except (FileNotFoundError, ValueError):
@@ -133,6 +145,15 @@ def idle(lake: Lake, tables: Sequence[str]) -> bool:
         recorded[name][0] == now[name][0] and (recorded[name][1] == now[name][1]
                                                or quiet_since(lake.path(name), recorded[name][1]))
         for name in now)
+
+
+def _marked_by(lake: Lake, ends_at: datetime) -> bool:
+    """Whether a mark at or after `ends_at` is in the table, told from its statistics (no JVM)."""
+    try:
+        last = newest_in_stats(lake.path(END_OF_INPUT), "flush_at") if lake.exists(END_OF_INPUT) else None
+    except LookupError:  # a file without statistics: let the stage look with Spark
+        return False
+    return last is not None and last >= ends_at
 
 
 def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:

@@ -141,15 +141,15 @@ def _local(uri: str) -> str:
     return unquote(urlparse(uri).path)
 
 
-def idle(lake: Lake) -> bool:
+def idle(lake: Lake, settings: Settings) -> bool:
     """True when the ETL from landing would find nothing new: its last batch is committed and it
-    has processed every landing file. Read from files (no JVM): an hourly run-once that finds
-    nothing new then starts no Spark.
+    has processed every landing file (whatever the `settings`: they bound a batch, not what is
+    new). Read from files (no JVM): an hourly run-once that finds nothing new then starts no Spark.
 
     >>> import tempfile
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     idle(Lake(Home.resolve(tmp)))  # never run: not idle
+    ...     idle(Lake(Home.resolve(tmp)), Settings())  # never run: not idle
     False
     """
     checkpoint = lake.home.checkpoint(QUERY_NAME)

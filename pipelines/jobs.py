@@ -143,7 +143,7 @@ def _probation(session: Callable[[], SparkSession], lake: Lake, settings: Settin
 
     if not wave or not all(is_rule(s) for s in wave):
         return [(wave, False)]
-    if not in_flight(lake, "once") and all(waiting(lake, s) or idle(lake, s) for s in wave):
+    if not in_flight(lake, "once") and all(waiting(lake, s) or idle(lake, s, settings) for s in wave):
         return [(wave, False)]
     suspects = prepare_rules(session(), lake, settings)
     return [*(([s], True) for s in wave if s.name in suspects), ([s for s in wave if s.name not in suspects], False)]

@@ -285,8 +285,9 @@ class Stage:
     and `writes` are registry tables (landing folders are not tables); `start(spark, lake,
     settings, trigger)` starts it. `part_of` names the stage whose tables this one also writes from
     another input (`etl_kafka` is part of `etl`): Dagster shows both as that stage's asset.
-    `idle(lake)`, where given, tells from files alone (no JVM) that starting the stage now would
-    process nothing; without it, `stages.idle` asks the checkpoint and the tables it reads.
+    `idle(lake, settings)`, where given, tells from files alone (no JVM) that starting the stage now
+    with `settings` would process nothing; without it, `stages.idle` asks the checkpoint and the
+    tables it reads.
     """
 
     name: str
@@ -295,7 +296,7 @@ class Stage:
     start: Starter
     checkpoint: str = ""
     part_of: str = ""
-    idle: Callable[["Lake"], bool] | None = None
+    idle: Callable[["Lake", "Settings"], bool] | None = None
 
     @property
     def checkpoint_name(self) -> str:

@@ -128,6 +128,12 @@ class Settings:
     # The same for DHCP messages. A lease piece is final once the watermark passes its end, so
     # without a DHCP clock (below) this is also most of the wait before an event is attributed.
     lease_watermark: str = "5 minutes"
+    # Run-once: when the input is known to be complete up to (an ISO time, UTC unless it names a
+    # zone), such as the end of a capture or of the last hourly file. The end-of-input mark moves
+    # there when that is after the newest event, so each window ending by then is evaluated (an
+    # `emit: closed` rule's last hour); an event before it that lands later is late. Empty: the
+    # mark is at the newest event, and the window holding it waits for later input.
+    input_ends_at: str = ""
     # The log files of one rotation of a sensor (Zeek's conn, dns and dhcp logs, moved by one
     # shipper run) land within this much wall time of each other, so they may fall in consecutive
     # ETL micro-batches: a batch's newest events move the DHCP clock (pipelines/dhcp_clock.py) only
@@ -224,6 +230,12 @@ class Settings:
             if f.name.endswith("_days") and value > MAX_DAYS:
                 raise ValueError(f"setting {f.name}={value}: must be at most {MAX_DAYS} "
                                  "(100 years; 0 keeps everything)")
+        if self.input_ends_at:
+            try:
+                utc_instant(self.input_ends_at)
+            except ValueError:
+                raise ValueError(f"setting input_ends_at={self.input_ends_at!r}: not an ISO time such as "
+                                 "2026-11-20T02:00Z") from None
         if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
             raise ValueError(f"setting rules_niceness={self.rules_niceness}: must be 0 to 19")
 
@@ -280,7 +292,7 @@ INTERVALS: tuple[str, ...] = tuple(f.name for f in fields(Settings) if isinstanc
 
 
 # Settings that one command alone reads, by name prefix: a `--set` of one elsewhere would change nothing.
-READ_ONLY_BY = {"vacuum_": "maintain", "retention_": "retention", "notify_": "notify"}
+READ_ONLY_BY = {"vacuum_": "maintain", "retention_": "retention", "notify_": "notify", "input_ends_at": "run-once"}
 
 
 def command_settings(command: str, items: list[str]) -> Settings:

@@ -138,19 +138,19 @@ def is_rule(stage: Stage) -> bool:
     return set(stage.writes) == {ALERTS_TABLE}
 
 
-def idle(lake: Lake, stage: Stage) -> bool:
-    """True when starting `stage` now would process nothing, told from files alone (no JVM): its
-    own `idle` test, else its checkpoint has read every commit of the tables it reads
+def idle(lake: Lake, stage: Stage, settings: Settings) -> bool:
+    """True when starting `stage` now with `settings` would process nothing, told from files alone
+    (no JVM): its own `idle` test, else its checkpoint has read every commit of the tables it reads
     (`caught_up`). A stage without either (the ETL from Kafka) is never idle.
 
     >>> import tempfile
     >>> from pipelines.home import Home
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     [idle(Lake(Home.resolve(tmp)), s) for s in stages()][:3]
+    ...     [idle(Lake(Home.resolve(tmp)), s, Settings()) for s in stages()][:3]
     [False, False, False]
     """
     if stage.idle is not None:
-        return stage.idle(lake)
+        return stage.idle(lake, settings)
     # A table that does not exist yet is one its checkpoint cannot have read: then not caught up.
     return bool(stage.reads) and caught_up(lake.home.checkpoint(stage.checkpoint_name),
                                            [lake.path(t) for t in stage.reads if lake.exists(t)])
@@ -226,7 +226,7 @@ def run_unless_idle(spark: Callable[[], SparkSession], lake: Lake, settings: Set
     if waiting(lake, stage):
         # No input written yet (a home before its first logs): nothing to read, not a failure.
         return QueryReport(stage.name, note=f"waiting for input: no {', '.join(stage.reads)} yet (not started)")
-    if idle(lake, stage):
+    if idle(lake, stage, settings):
         return QueryReport(stage.name, skipped=True)
     try:
         return run_stage(spark(), lake, settings, stage)

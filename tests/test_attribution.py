@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from conftest import state_partitions
 from pipelines import attribution
 from pipelines.attribution import IpLeases, Message
-from pipelines.end_of_input import END_OF_INPUT, mark, newest_event
+from pipelines.end_of_input import END_OF_INPUT, idle, mark, mark_input, newest_event
 from pipelines.home import Home
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
@@ -482,3 +482,27 @@ def test_a_mark_falls_on_the_millisecond_after_the_newest_event_and_is_written_o
     assert mark(spark, lake, newest, lambda: ["10.0.0.7"]) == 0
     flush = {r.flush_at for r in read_table(spark, lake.path(END_OF_INPUT)).collect()}
     assert flush == {dt.datetime(2026, 11, 20, 12, 0, 1)}
+
+
+def test_a_stated_end_of_input_moves_the_mark_there_and_is_marked_once(spark, tmp_path):
+    """A capture's last hour: its newest event is at 01:59:39, and `input_ends_at` says nothing
+    before 02:00 is still to come, so the mark (and the windows ending by then) go to 02:00."""
+    lake = Lake(Home.resolve(tmp_path).create())
+    newest = dt.datetime(2026, 11, 20, 1, 59, 39)  # naive local time, as Spark returns it
+    spark.createDataFrame([(newest,)], "event_time timestamp").write.format("delta").save(str(lake.path("silver_dns")))
+    tables = ["silver_dns"]
+    assert mark_input(spark, lake, tables, lambda: []) == 1
+    assert idle(lake, Settings(), tables)
+    ends_at = dt.datetime(2026, 11, 20, 2, 0).astimezone(dt.timezone.utc)
+    asked = Settings(input_ends_at=ends_at.isoformat())
+    assert not idle(lake, asked, tables)  # nothing new, but a mark past the last one is asked for
+    assert mark_input(spark, lake, tables, lambda: [], ends_at) == 1
+    assert idle(lake, asked, tables)
+    assert mark_input(spark, lake, tables, lambda: [], ends_at - dt.timedelta(hours=1)) == 0  # before the newest
+    flush = sorted(r.flush_at for r in read_table(spark, lake.path(END_OF_INPUT)).collect())
+    assert flush == [newest + dt.timedelta(milliseconds=1), dt.datetime(2026, 11, 20, 2, 0)]
+
+
+def test_a_stated_end_of_input_that_is_not_a_time_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match=r"setting input_ends_at='tomorrow': not an ISO time"):
+        Settings().with_overrides({"input_ends_at": "tomorrow"})

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.checkpoint import clear_unstarted, newest, next_watermark_ms, numbered, read_batch
+from pipelines.settings import Settings
 
 
 def checkpoint(root: Path, planned: int, committed: int) -> Path:
@@ -75,12 +76,12 @@ def test_the_etl_is_idle_only_when_a_committed_batch_read_every_landing_file(tmp
         (cp / "sources" / "0" / str(batch)).write_text(f'v1\n{{"path":"{uri}","timestamp":1,"batchId":{batch}}}')
     assert "%20" in first.as_uri()
     assert etl.processed_files(lake) == {str(first)}
-    assert not etl.idle(lake)  # batch 1 may replay: its file is not processed yet
+    assert not etl.idle(lake, Settings())  # batch 1 may replay: its file is not processed yet
     (cp / "commits" / "1").write_text('v1\n{"nextBatchWatermarkMs":0}')
     assert etl.processed_files(lake) == {str(first), str(second)}
-    assert etl.idle(lake)  # the temp files are not input
+    assert etl.idle(lake, Settings())  # the temp files are not input
     (zeek / "dns b.log").write_text("x")
-    assert not etl.idle(lake)
+    assert not etl.idle(lake, Settings())
 
 
 def test_a_file_of_an_open_batch_is_not_processed_when_its_sources_log_numbers_lag(tmp_path):

@@ -193,12 +193,12 @@ def test_a_dhcp_leases_checkpoint_from_before_the_clock_resumes_without_it(spark
 
     commit(lake, "silver_dhcp", [dhcp("d2", at(9), MAC["B"], ["ACK"], assigned="10.1.0.20")])
     stage = next(s for s in attribution.stages() if s.name == attribution.LEASES)
-    assert not idle(lake, stage), "a new silver_dhcp commit to read"
+    assert not idle(lake, stage, SETTINGS), "a new silver_dhcp commit to read"
     with caplog.at_level("WARNING", logger="seclake"):
         reports = run_stages(spark, lake, SETTINGS, (), flush=False)
     assert reports[attribution.LEASES].error is None
     assert "predates the DHCP clock" in caplog.text
-    assert idle(lake, stage) and not attribution.clocked(lake)
+    assert idle(lake, stage, SETTINGS) and not attribution.clocked(lake)
 
 
 def test_the_clock_waits_for_a_rotation_split_over_capped_batches(spark, tmp_path):

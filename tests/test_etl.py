@@ -90,19 +90,19 @@ def test_rerun_adds_nothing_and_new_files_are_picked_up(spark, sample_run):
     assert {t: _count(spark, lake, t) for t in SILVER_FEEDS} == before
     # A sensor's temp file is not input (Spark's file source ignores it too).
     (lake.home.landing / "zeek" / ".dns.log.tmp").write_text("partial")
-    assert etl.idle(lake)
+    assert etl.idle(lake, Settings())
     # A file re-shipped under a new name is input; every line a duplicate, it adds no silver row.
     # Its name has a space, which Spark's file log records URI-encoded: once read, it is known.
     src = next((lake.home.landing / "zeek").glob("dns.*.log"))
     shutil.copy(src, src.with_name("dns reshipped.log"))
-    assert not etl.idle(lake)
+    assert not etl.idle(lake, Settings())
     assert run_once(spark, lake, Settings(), only=["etl"])[0].batches == 1
     assert _count(spark, lake, "silver_dns") == before["silver_dns"]
     # That batch (id 2) had Zeek DNS lines only: the tables it has no row for got no commit.
     newest = {t: commits(lake.path(t), limit=1)[0]["batch_id"]
               for t in ("bronze_zeek", "bronze_suricata", "silver_conn")}
     assert newest["bronze_zeek"] == 2 and newest["bronze_suricata"] < 2 and newest["silver_conn"] < 2, newest
-    assert etl.idle(lake)
+    assert etl.idle(lake, Settings())
 
 
 def test_a_batch_is_parsed_once_into_blocks_freed_when_the_batch_ends(spark):

@@ -246,7 +246,7 @@ def test_a_rule_edited_under_its_version_is_invalid_at_once_not_idle_and_not_fai
     assert ran.error is None and ran.batches >= 1, ran.line()
     edited = validate_rule(DGA.read_text().replace("domains >= 20", "domains >= 25"), slug=rule.slug)
     # With no new input the rule as it was is idle; the edited one is not: its start says why.
-    assert rule_stage(rule).idle(lake) and not rule_stage(edited).idle(lake)
+    assert rule_stage(rule).idle(lake, Settings()) and not rule_stage(edited).idle(lake, Settings())
     for _ in range(4):  # more than max_failures: an edit is not a run-time failure and never disables
         refused = start_rule(spark, lake, Settings(), AVAILABLE_NOW, edited)
         assert isinstance(refused.query, StoppedQuery) and "bump `version`" in str(refused.query.exception())

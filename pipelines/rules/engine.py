@@ -629,9 +629,10 @@ def rule_stage(rule: Rule) -> Stage:
                  idle=functools.partial(_rule_idle, rule))
 
 
-def _rule_idle(rule: Rule, lake: Lake) -> bool:
-    """A rule stage has nothing to do when its checkpoint read every commit of its tables, unless
-    its text changed under its version: then its start says so at once, not at the next input."""
+def _rule_idle(rule: Rule, lake: Lake, settings: Settings) -> bool:
+    """A rule stage has nothing to do when its checkpoint read every commit of its tables (whatever
+    the `settings`), unless its text changed under its version: then its start says so at once,
+    not at the next input."""
     checkpoint = lake.home.checkpoint(rule.checkpoint_name)
     if logic_changed(checkpoint, rule):
         return False
