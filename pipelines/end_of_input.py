@@ -113,7 +113,7 @@ def mark_input(spark: SparkSession, lake: Lake, tables: Sequence[str], ips: Call
     newest = newest_event(spark, lake, list(tables))
     if newest is not None and ends_at is not None:  # with no event, nothing waits to be closed
         # `mark` puts the mark a millisecond after the time it is given: exactly at `ends_at`.
-        newest = max(newest, ends_at.astimezone().replace(tzinfo=None) - timedelta(milliseconds=1))
+        newest = max(newest, _millisecond(ends_at).astimezone().replace(tzinfo=None) - timedelta(milliseconds=1))
     written = mark(spark, lake, newest, ips)
     seen.update(table_versions(lake, [END_OF_INPUT]))
     folder = lake.home.checkpoint(END_OF_INPUT)
@@ -153,7 +153,12 @@ def _marked_by(lake: Lake, ends_at: datetime) -> bool:
         last = newest_in_stats(lake.path(END_OF_INPUT), "flush_at") if lake.exists(END_OF_INPUT) else None
     except LookupError:  # a file without statistics: let the stage look with Spark
         return False
-    return last is not None and last >= ends_at
+    return last is not None and last >= _millisecond(ends_at)
+
+
+def _millisecond(at: datetime) -> datetime:
+    """`at` cut to its millisecond: a mark's time, as its statistics keep it."""
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 def newest_event(spark: SparkSession, lake: Lake, tables: list[str]) -> datetime | None:
@@ -189,7 +194,7 @@ def mark(spark: SparkSession, lake: Lake, newest: datetime | None, ips: Callable
         return 0
     # On a millisecond, still after `newest`: the marks' own statistics (milliseconds, truncated)
     # then compare exactly with it, whether `newest` came from statistics or from Spark.
-    flush_at = newest.replace(microsecond=newest.microsecond // 1000 * 1000) + timedelta(milliseconds=1)
+    flush_at = _millisecond(newest) + timedelta(milliseconds=1)
     lake.ensure(spark, END_OF_INPUT)
     last = _newest(spark, lake, END_OF_INPUT, "flush_at")
     if last is not None and last >= flush_at:

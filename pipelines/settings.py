@@ -293,6 +293,8 @@ INTERVALS: tuple[str, ...] = tuple(f.name for f in fields(Settings) if isinstanc
 
 # Settings that one command alone reads, by name prefix: a `--set` of one elsewhere would change nothing.
 READ_ONLY_BY = {"vacuum_": "maintain", "retention_": "retention", "notify_": "notify", "input_ends_at": "run-once"}
+# The commands that read their own settings and no other (run-once reads the streams' too).
+OWN_SETTINGS_ONLY = ("maintain", "retention", "notify")
 
 
 def command_settings(command: str, items: list[str]) -> Settings:
@@ -309,13 +311,14 @@ def command_settings(command: str, items: list[str]) -> Settings:
     Traceback (most recent call last):
     ...
     ValueError: setting vacuum_retention_hours: seclake run-once does not read it (seclake maintain does)
+    >>> command_settings("run-once", ["input_ends_at=2026-11-20T02:00Z", "rule_max_failures=1"]).rule_max_failures
+    1
     """
     overrides = parse_assignments(items)
     settings = Settings().with_overrides(overrides)  # an unknown name is named first
-    owned = set(READ_ONLY_BY.values())
     for name in overrides:
         reader = next((cmd for prefix, cmd in READ_ONLY_BY.items() if name.startswith(prefix)), None)
-        if reader != command and (reader is not None or command in owned):
+        if reader != command and (reader is not None or command in OWN_SETTINGS_ONLY):
             raise ValueError(f"setting {name}: seclake {command} does not read it"
                              + (f" (seclake {reader} does)" if reader else ""))
     return settings

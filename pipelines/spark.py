@@ -224,7 +224,7 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         settings = merged(settings, more)
     master = settings.pop("spark.master", None) or master or environment.spark_master() or "local[*]"
     check_master(master)
-    if urlsplit(master).hostname in (None, "127.0.0.1", "localhost"):  # local[*], or `seclake cluster`'s master
+    if on_this_machine(master):
         # No executor elsewhere needs the driver: its RPC, block manager and UI ports listen on the
         # loopback only, not on every address of the machine (the block manager serves table data).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -244,6 +244,19 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
         threading.Thread(target=_warn_without_executors, args=(spark, master), daemon=True,
                          name="seclake-executors").start()
     return spark
+
+
+def on_this_machine(master: str) -> bool:
+    """Whether every executor of `master` runs on this machine: local mode, or standalone masters
+    all on the loopback (`seclake cluster`). Not YARN, Kubernetes or another host.
+
+    >>> [on_this_machine(m) for m in ("local[*]", "spark://127.0.0.1:7077", "spark://127.0.0.1:7077,h2:7077", "yarn")]
+    [True, True, False, False]
+    """
+    if master.startswith("local"):
+        return True
+    hosts = [urlsplit(f"spark://{part}").hostname for part in master.removeprefix("spark://").split(",")]
+    return master.startswith("spark://") and all(host in ("127.0.0.1", "localhost") for host in hosts)
 
 
 def check_master(master: str) -> None:

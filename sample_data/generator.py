@@ -146,11 +146,20 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    # What Ctrl-C does now: raise KeyboardInterrupt, or be held back by `_deferred_interrupt`. A
+    # process started with Ctrl-C ignored (`cmd &` in a script) stops too.
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):
+        raise KeyboardInterrupt
+    handler(signal.SIGINT, frame)
 
 
 def _run(args: argparse.Namespace, started: float) -> int:

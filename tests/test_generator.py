@@ -429,14 +429,16 @@ def test_committed_sample_is_what_the_generator_makes(tmp_path):
     assert tree_hashes(tmp_path) == tree_hashes(SAMPLE)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-def test_live_mode_stops_cleanly_on_ctrl_c_or_a_service_managers_sigterm(tmp_path, stop):
+@pytest.mark.parametrize(("stop", "ctrl_c"), [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                              (signal.SIGTERM, signal.SIG_IGN)],
+                         ids=["ctrl_c", "sigterm", "sigterm_started_in_the_background"])
+def test_live_mode_stops_cleanly_on_ctrl_c_or_a_service_managers_sigterm(tmp_path, stop, ctrl_c):
     out = tmp_path / "live"
-    # Started as from a terminal, Ctrl-C at its default: not whatever this test process's is.
+    # Started as from a terminal (Ctrl-C at its default), or as `cmd &` from a script (ignored).
     proc = subprocess.Popen(
         [sys.executable, "-m", "sample_data.generator", "--out", str(out), "--hours", "0.2", "--hosts", "6",
          "--rate", "3000"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c))
     deadline = time.time() + 60
     while time.time() < deadline and len(list((out / "landing" / "suricata").glob("eve.*"))) < 2:
         time.sleep(0.2)

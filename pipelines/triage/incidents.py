@@ -5,8 +5,8 @@ The entity is the device when the alert was attributed, else its MAC, else its s
 of the network's. Suppressed alerts and platform alerts (a rule disabled) take no part.
 An entity's alerts, ordered by window start, form one incident while each starts within `span`
 of the one before; a longer gap starts another. The risk score adds, per distinct rule in the
-incident, the weight of the highest severity it raised (critical 100, high 50, medium 20, low 5,
-info 1): ten alerts of one noisy rule weigh less than three different rules firing on one host,
+incident, the weight of the highest severity it raised (critical 100, high 50, medium 20, low 5):
+ten alerts of one noisy rule weigh less than three different rules firing on one host,
 which is the point of risk-based alerting.
 """
 from __future__ import annotations

@@ -184,6 +184,6 @@ def queue(spark: SparkSession, lake: Lake, statuses: tuple[str, ...] = (OPEN, AC
     if since is not None:
         frame = frame.where(F.col("window_start") >= F.lit(since.astimezone(timezone.utc)))
     # Most urgent first: the queue's order.
-    rank = F.coalesce(F.array_position(F.array(*[F.lit(s) for s in reversed(SEVERITIES)]), F.col("severity")),
-                      F.lit(99))
+    position = F.array_position(F.array(*[F.lit(s) for s in reversed(SEVERITIES)]), F.col("severity"))
+    rank = F.when(position > 0, position).otherwise(F.lit(99))  # 0 (or NULL): a word not on the scale, last
     return frame.orderBy(rank, F.col("window_start").desc(), "alert_id")
