@@ -102,7 +102,7 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
 
     done: list[str] = []  # each step as it is done (the command's progress lines)
     rollback(spark, lake, "silver_dns", 0, cascade=True, on_step=lambda step: done.append(step.done()))
-    assert len(done) == len(plan.tables) + len(plan.checkpoints) and "silver_dns at version 0" in done
+    assert len(done) == len(plan.steps()) and "silver_dns at version 0" in done
     assert f"checkpoint etl rewound to batch {last - 1}" in done and done.index("silver_dns at version 0") < done.index(
         f"checkpoint etl rewound to batch {last - 1}")  # tables first
     assert lake.read(spark, "silver_dns").where(F.col("event_id").startswith("bad-")).count() == 0
