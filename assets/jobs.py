@@ -4,6 +4,7 @@ Both run in one process with the in-process executor, so a run has one SparkSess
 """
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetMaterialization,
@@ -17,7 +18,6 @@ from dagster import (
     job,
     op,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from pydantic import Field
 
 from assets.resources import LakeResource, SparkResource
@@ -26,6 +26,9 @@ from pipelines import jobs as pipeline_jobs
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport
 
+if TYPE_CHECKING:  # Dagster's public API has no name for the class define_asset_job returns
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
 RUN_ONCE_JOB = "run_once_job"
 STREAM_JOB = "stream_job"
 # Runs of these jobs write the lake; the schedule and sensor do not start one while another runs.
@@ -33,7 +36,7 @@ STREAM_JOB = "stream_job"
 LAKE_JOBS = (RUN_ONCE_JOB, STREAM_JOB, "maintenance_job", "retention_job", "intel_load_job")
 
 
-def run_once_job_def() -> UnresolvedAssetJobDefinition:
+def run_once_job_def() -> "UnresolvedAssetJobDefinition":
     """Every asset and asset check, in dependency order: each stage's query once with AvailableNow."""
     from dagster import define_asset_job
 

@@ -54,7 +54,7 @@ from pipelines.query import (
     stateful_session,
 )
 from pipelines.schemas import ATTRIBUTION_WATERMARK, ENRICHED_SCHEMAS, LATE_EVENTS_SCHEMA, SILVER_SCHEMAS
-from pipelines.settings import Settings, interval_seconds, utc_instant
+from pipelines.settings import Settings, interval_seconds
 
 log = logging.getLogger("seclake")
 
@@ -720,8 +720,7 @@ def start_end_of_input(spark: SparkSession, lake: Lake, settings: Settings, trig
     there the watermarks move with the data."""
     writer = DoneWriter()
     if trigger == AVAILABLE_NOW:
-        ends_at = utc_instant(settings.input_ends_at) if settings.input_ends_at else None
-        written = mark_input(spark, lake, tuple(SILVER_SCHEMAS), partial(leased_ips, spark, lake), ends_at)
+        written = mark_input(spark, lake, tuple(SILVER_SCHEMAS), partial(leased_ips, spark, lake), settings.input_end)
         stats = BatchStats(0)
         if written:
             stats.rows[END_OF_INPUT] = written

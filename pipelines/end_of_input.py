@@ -33,7 +33,7 @@ from pipelines.lake.log import newest_in_stats, open_log, quiet_since
 from pipelines.lake.registry import Lake
 from pipelines.lake.source import read_stream
 from pipelines.schemas import END_OF_INPUT_SCHEMA
-from pipelines.settings import Settings, utc_instant
+from pipelines.settings import Settings
 
 END_OF_INPUT = "end_of_input"
 # Set on the mark rows `with_marks` adds to a stream (NULL on the stream's own rows).
@@ -133,7 +133,7 @@ def idle(lake: Lake, settings: Settings, tables: Sequence[str]) -> bool:
     ...     idle(Lake(Home.resolve(tmp)), Settings(), ["silver_dns"])  # never marked
     False
     """
-    if settings.input_ends_at and not _marked_by(lake, utc_instant(settings.input_ends_at)):
+    if settings.input_end and not _marked_by(lake, settings.input_end):
         return False
     try:
         recorded = json.loads((lake.home.checkpoint(END_OF_INPUT) / MARKED_VERSIONS).read_text())

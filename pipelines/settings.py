@@ -230,14 +230,24 @@ class Settings:
             if f.name.endswith("_days") and value > MAX_DAYS:
                 raise ValueError(f"setting {f.name}={value}: must be at most {MAX_DAYS} "
                                  "(100 years; 0 keeps everything)")
-        if self.input_ends_at:
-            try:
-                utc_instant(self.input_ends_at)
-            except ValueError:
-                raise ValueError(f"setting input_ends_at={self.input_ends_at!r}: not an ISO time such as "
-                                 "2026-11-20T02:00Z") from None
+        self.input_end  # noqa: B018 (refuses a value that is not a time, when the settings are made)
         if not 0 <= self.rules_niceness <= 19:  # os.nice would clamp it silently
             raise ValueError(f"setting rules_niceness={self.rules_niceness}: must be 0 to 19")
+
+    @property
+    def input_end(self) -> datetime | None:
+        """`input_ends_at` as an aware time (None: not set).
+
+        >>> Settings(input_ends_at="2026-11-20T02:00Z").input_end
+        datetime.datetime(2026, 11, 20, 2, 0, tzinfo=datetime.timezone.utc)
+        """
+        if not self.input_ends_at:
+            return None
+        try:
+            return utc_instant(self.input_ends_at)
+        except ValueError:
+            raise ValueError(f"setting input_ends_at={self.input_ends_at!r}: not an ISO time such as "
+                             "2026-11-20T02:00Z") from None
 
     def with_overrides(self, overrides: Mapping[str, object]) -> "Settings":
         """A copy with `overrides` applied, strings converted to each setting's type (the CLI's

@@ -393,6 +393,8 @@ def test_an_assignee_or_author_left_blank_and_a_padded_device_are_refused():
         Change(assignee=" ", by="ana")
     with pytest.raises(ValueError, match="--by: give a name"):
         Change(status="closed", by="")
+    with pytest.raises(ValueError, match="--by: give a name"):
+        Suppression("ip", "10.0.0.1", "scanner", author=" ")
     with pytest.raises(ValueError, match="device ' laptop-5 ': no spaces around the name"):
         Suppression("device", " laptop-5 ", "padded")
 

@@ -50,7 +50,7 @@ from pipelines.checkpoint import newest, numbered, read_batch
 from pipelines.end_of_input import END_OF_INPUT
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import remove_tree
-from pipelines.operations.running import PENDING, ROLLBACK
+from pipelines.operations.running import PENDING, ROLLBACK, pending_record
 from pipelines.query import Stage
 from pipelines.rules.spec import RULE_QUERY_PREFIX
 from pipelines.rules.tables import ALERTS_TABLE
@@ -438,10 +438,9 @@ def save_pending(lake: Lake, plan: RollbackPlan) -> None:
 
 def pending_plan(lake: Lake) -> RollbackPlan | None:
     """The plan of a rollback that was interrupted on this home (`PENDING`), or None."""
-    path = lake.home.root / PENDING
-    if not path.exists():
+    record = pending_record(lake.home)
+    if record is None:
         return None
-    record = json.loads(path.read_text())
     return RollbackPlan(record["table"], record["version"], record["cascade"],
                         tables=[TableStep(**t) for t in record["tables"]],
                         checkpoints=[CheckpointStep(c["stage"], lake.home.checkpoint(c["stage"]), c["rewind_to"],

@@ -186,9 +186,17 @@ def _running(home: Home, command: str) -> HomeBusy | None:
         os.close(fd)
 
 
+def pending_record(home: Home) -> dict | None:
+    """The plan of the rollback pending in `home` (`PENDING`) as `rollback.save_pending` wrote it, or None."""
+    try:
+        return json.loads((home.root / PENDING).read_text())
+    except FileNotFoundError:
+        return None
+
+
 def pending_command(home: Home) -> str:
     """The command line of the rollback whose plan is pending in `home` (`PENDING`)."""
     try:
-        return str(json.loads((home.root / PENDING).read_text())["command"])
+        return str((pending_record(home) or {})["command"])
     except (OSError, ValueError, KeyError):
         return "the same seclake rollback"

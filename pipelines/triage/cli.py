@@ -107,9 +107,12 @@ def _spark_and_lake(args: argparse.Namespace):
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
     from pipelines.spark import get_spark
+    from pipelines.terminal import Progress
 
     lake = Lake(Home.resolve(args.home).existing(or_landing=True))  # before Spark starts: a typo costs no JVM
-    return get_spark(app_name="seclake-alerts", ui=False), lake
+    with Progress(f"seclake {args.command}") as progress:  # most of a triage command's 10-17 s
+        progress.working_on("starting Spark")
+        return get_spark(app_name="seclake-alerts", ui=False), lake
 
 
 def rule_id(name: str, rules_dir: Path) -> str:
@@ -159,10 +162,9 @@ def _listed_rule(name: str, rules_dir: Path) -> str:
 
 
 def _who(by: str | None) -> str:
-    """`--by`, else the login name; ValueError when neither says who (a container with no user name)."""
+    """`--by`, else the login name; ValueError when neither says who (a container with no user name).
+    A blank `--by` is refused by the change or suppression it signs."""
     if by is not None:
-        if not by.strip():
-            raise ValueError("--by: give a name (every change records who made it)")
         return by
     try:
         return getpass.getuser()

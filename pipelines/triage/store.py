@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.registry import Lake
 from pipelines.rules.tables import ALERTS_TABLE
 from pipelines.schemas import SEVERITIES
+from pipelines.triage.suppressions import NO_NAME
 
 TRIAGE_TABLE = "alert_triage"
 OPEN, ACKNOWLEDGED, CLOSED = "open", "acknowledged", "closed"
@@ -42,7 +43,7 @@ class Change:
         if self.assignee is not None and not self.assignee.strip():
             raise ValueError("--to: give the name of who takes them (empty would leave them with no one)")
         if not self.by.strip():
-            raise ValueError("--by: give a name (every change records who made it)")
+            raise ValueError(NO_NAME)
 
 
 def _require_alerts(lake: Lake) -> None:

@@ -21,6 +21,8 @@ from pyspark.sql import functions as F
 from pipelines.lake.registry import Lake
 
 SUPPRESSIONS_TABLE = "suppressions"
+# A suppression or a triage change signed by a blank name.
+NO_NAME = "--by: give a name (every change records who made it)"
 MATCH_TYPES = ("ip", "cidr", "mac", "device", "domain")
 MAC = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")
 DOMAIN = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}\.?")
@@ -42,6 +44,8 @@ class Suppression:
             raise ValueError(f"match type {self.match_type!r}: expected one of {', '.join(MATCH_TYPES)}")
         if not self.reason.strip():
             raise ValueError("a suppression needs a reason")
+        if not self.author.strip():
+            raise ValueError(NO_NAME)
         if self.match_type == "ip":
             ipaddress.ip_address(self.match_value)
         if self.match_type == "mac" and not MAC.fullmatch(self.match_value):
