@@ -333,6 +333,29 @@ def test_a_rule_holds_its_watermark_for_the_rows_attribution_has_still_to_write(
     assert not [a for a in alerts(spark, lake) if a.rule_id == RULE_LATE_ROWS_ID]
 
 
+def test_a_backtest_that_writes_stops_before_its_append_when_a_rollback_started_meanwhile(spark, lake,
+                                                                                         monkeypatch):
+    # It checked only at its start: a rollback begun while the backtest ran would RESTORE `alerts`
+    # under its append.
+    import pipelines.rules.backtest as backtest_module
+    from pipelines.operations.running import PENDING, RollbackPending
+
+    rule = validate_rule(DGA)
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    evaluate = backtest_module.run_batch
+
+    def rollback_begins(*args, **kwargs):
+        found = evaluate(*args, **kwargs)
+        (lake.home.root / PENDING).write_text(json.dumps({"command": "seclake rollback alerts --to-version 0"}))
+        return found
+
+    monkeypatch.setattr(backtest_module, "run_batch", rollback_begins)
+    with pytest.raises(RollbackPending, match="`seclake rollback alerts --to-version 0` finishes it; "
+                                              "then add dga_nxdomain_burst's missing alerts"):
+        write_missing(spark, lake, rule)
+    assert not [a for a in alerts(spark, lake) if a.rule_id == rule.id]
+
+
 def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_once(spark, lake):
     rule = validate_rule(DGA)
     settings = Settings().with_overrides({"rule_watermark": "10 minutes"})

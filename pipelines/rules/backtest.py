@@ -246,16 +246,22 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     """
     if start and end and start >= end:
         raise ValueError(f"--from {start} must be before --to {end}")
-    refuse_while_rolling_back(lake.home, f"add {rule.slug}'s missing alerts")
+    command = f"add {rule.slug}'s missing alerts"
+    refuse_while_rolling_back(lake.home, command)
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
+
+    def missing() -> DataFrame:
+        # Again before each append: a rollback started during the backtest would RESTORE `alerts`
+        # under it (its plan is on the home from its start to its end).
+        refuse_while_rolling_back(lake.home, command)
+        return mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake)
+
     try:
         lake.ensure(spark, ALERTS_TABLE)
         # Its own writer id, each run appending as its next batch (`write_next`).
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
         # The stream's rules application may commit alerts of the same day meanwhile: read again, append again.
-        result = retry_on_conflict(
-            lambda: sink.write_next(lambda: mark(unseen(found, lake.path(ALERTS_TABLE), rule.id), lake)),
-            f"the backtest of {rule.slug}")
+        result = retry_on_conflict(lambda: sink.write_next(missing), f"the backtest of {rule.slug}")
         return found.count(), result.rows
     finally:
         found.unpersist()
