@@ -478,7 +478,7 @@ class QueryReport:
         ...             rows_out={"silver_dns": 1797}, duration_s=1.25).line()
         'etl: 1 batch, 4 files, 5,936 data lines in -> silver_dns=1,797 in 1.2s'
         >>> QueryReport("enriched_dns", batches=2, rows_in=1942, duration_s=7).line()
-        'enriched_dns: 2 batches, 1,942 rows in -> nothing new in 7.0s'
+        'enriched_dns: 2 batches, 1,942 rows in -> nothing written in 7.0s'
         >>> QueryReport("enriched_dns", skipped=True).line()
         'enriched_dns: nothing new since its last batch (not started)'
         >>> QueryReport("rule_x", error="[UNRESOLVED_ROUTINE] ...", duration_s=1).line()
@@ -501,10 +501,10 @@ class QueryReport:
         return _plural(self.rows_in, "row", "rows")
 
     def output(self) -> str:
-        """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing new' ('nothing'
-        when the query failed: there may have been something new)."""
-        return ", ".join(f"{t}={n:,}" for t, n in self.rows_out.items() if n) or ("nothing" if self.error else
-                                                                                 "nothing new")
+        """Rows committed per table ('silver_dns=1,797, silver_conn=3,548'), or 'nothing written' (rows
+        read may be held in a query's state, a stream's report spans many triggers, a failed batch
+        wrote nothing: none of them is "nothing new")."""
+        return ", ".join(f"{t}={n:,}" for t, n in self.rows_out.items() if n) or "nothing written"
 
     def notes(self) -> str:
         """Watermark, state, late rows and failure, as far as there are any."""
@@ -562,7 +562,7 @@ def report(running: RunningQuery, started: float) -> QueryReport:
         rep.error = error_summary(exc)
     rep.note = getattr(running.query, "note", None)
     if rep.note is None and rep.error is None and not rep.batches:
-        # A stream's report while its first micro-batch runs would otherwise read "nothing new".
+        # A stream's report while its first micro-batch runs would otherwise read "nothing written".
         status = getattr(running.query, "status", None)
         if isinstance(status, dict) and status.get("isTriggerActive"):
             rep.note = "first micro-batch running"

@@ -58,7 +58,7 @@ class _Writer:
 
 
 @pytest.mark.parametrize("active, line", [(True, "etl: first micro-batch running"),
-                                          (False, "etl: 0 batches, 0 rows in -> nothing new in 0.0s")])
+                                          (False, "etl: 0 batches, 0 rows in -> nothing written in 0.0s")])
 def test_a_report_before_the_first_batch_says_whether_it_is_running(active, line):
     import time
 

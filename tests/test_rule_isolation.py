@@ -156,7 +156,7 @@ def test_a_batch_over_its_budget_is_stopped_and_counted(spark, tmp_path, lake):
     assert time.monotonic() - started < 120
     health = RuleStatus(spark, lake).get(slow.slug, slow.content_hash)
     assert health.state == FAILING and "ran over its budget of 3 seconds" in health.reason, rep.line()
-    # Its report fails too (run-once prints FAILED and exits 1), not "nothing new".
+    # Its report fails too (run-once prints FAILED and exits 1), not only "nothing written".
     assert rep.error and "slow_rule: a micro-batch ran over its budget of 3 seconds" in rep.error, rep.line()
 
 
