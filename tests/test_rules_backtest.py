@@ -170,6 +170,17 @@ def test_backtest_write_is_refused_before_spark_while_a_rollback_waits_to_be_fin
                             "finishes it; then add dns_tunneling's missing alerts"), err
 
 
+def test_a_backtest_range_that_ends_before_it_starts_is_refused_as_typed_before_spark(tmp_path, capsys):
+    from pipelines.cli import main
+
+    home = tmp_path / "home"
+    (home / "tables").mkdir(parents=True)  # no rule table: Spark would be needed only past the check
+    assert main(["rules", "backtest", "dns_tunneling", "--from", "2026-11-21", "--to", "2026-11-20",
+                 "--home", str(home)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--from 2026-11-21 must be before --to 2026-11-20")
+
+
 def test_backtest_on_a_home_without_the_rules_tables_says_so_before_spark(tmp_path, capsys):
     from pipelines.cli import main
 

@@ -236,6 +236,37 @@ def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdic
     assert rule_status(spark, lake).get(rule.slug, rule.content_hash).state == "ok"
 
 
+def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spark, tmp_path, lake):
+    # By file times alone the edited original was the newer file: refused, while the copy started
+    # as a second query with the same rule id.
+    import os
+
+    folder = tmp_path / "rules" / "dns"
+    folder.mkdir(parents=True)
+    original = folder / DGA.name
+    shutil.copy(DGA, original)
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    manager = RuleManager(tmp_path / "rules")
+    running: list = []
+    try:
+        assert manager.sync(spark, lake, Settings(), {"processingTime": "2 seconds"}, running).started == [
+            "rule_dga_nxdomain_burst"]
+        shutil.copy(original, folder / "zz_draft.sql")
+        original.write_text(original.read_text().replace("severity: medium", "severity: high"))
+        os.utime(original, (time.time() + 60, time.time() + 60))
+        synced = manager.sync(spark, lake, Settings(), {"processingTime": "2 seconds"}, running)
+        assert synced.restarted == ["rule_dga_nxdomain_burst"] and not synced.started, synced
+        assert synced.invalid["rule_zz_draft"].endswith(
+            f"the id of the running {original}: give this rule an id of its own "
+            "(python -c 'import uuid; print(uuid.uuid4())')"), synced.invalid
+        rule_id = validate_rule(DGA).id
+        [deployed] = [r for r in running if getattr(r.writer, "rule", None) and r.writer.rule.id == rule_id]
+        assert deployed.writer.rule.severity == "high"
+    finally:
+        for r in running:
+            stop_rule(r)
+
+
 def test_a_rule_edited_under_its_version_is_invalid_at_once_not_idle_and_not_failing(spark, lake):
     from pipelines.rules.engine import rule_stage
     from pipelines.rules.status import rule_status

@@ -76,6 +76,12 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("cache_table", "CACHE TABLE silver_dns", "only a read-only SELECT"),
     ("second_statement", f"{VALID_SQL}; DROP TABLE alerts", "exactly one SQL statement expected"),
     ("unparseable", "SELECT src_ip FROM enriched_dns WHERE (", "does not parse"),
+    # sqlglot read these two as valid (the empty item dropped), Spark refuses them.
+    ("empty_group_item", f"SELECT {COLUMNS} FROM enriched_dns {GROUP.replace(', ', ',, ', 1)}",
+     "a list item left empty"),
+    ("trailing_select_comma", f"SELECT {COLUMNS}, FROM enriched_dns {GROUP}", "a list item left empty"),
+    ("where_where", f"SELECT {COLUMNS} FROM enriched_dns WHERE WHERE rcode_name = 'NXDOMAIN' {GROUP}",
+     "WHERE has nothing after it"),
     ("unknown_table", f"SELECT {COLUMNS} FROM secrets {GROUP}", "unknown table 'secrets'"),
     ("catalog_table", f"SELECT {COLUMNS} FROM spark_catalog.default.enriched_dns {GROUP}",
      "qualified table name spark_catalog.default.enriched_dns"),
@@ -517,8 +523,12 @@ def test_a_tests_file_column_typo_is_named_with_the_closest_column():
     tests = ("cases:\n  - name: one\n    input:\n      enriched_dns:\n"
              "        - {event_time: '2026-11-20 10:00:00', qtype_nam: TXT}\n    alerts: []\n")
     with pytest.raises(RuleError, match=r"column\(s\) \['qtype_nam'\] are not in enriched_dns "
-                                        r"\(did you mean 'qtype_nam' -> 'qtype_name'\?\)"):
+                                        r"\(did you mean 'qtype_name' for 'qtype_nam'\?\)"):
         parse_cases(tests, validate_rule(rule_text()))
+    expected = "cases:\n  - name: one\n    input: {enriched_dns: []}\n    alerts: [{srcip: 10.0.0.1}]\n"
+    with pytest.raises(RuleError, match=r"expected alert column\(s\) \['srcip'\] are not alert columns "
+                                        r"\(did you mean 'src_ip' for 'srcip'\?\)"):
+        parse_cases(expected, validate_rule(rule_text()))
 
 
 @pytest.mark.parametrize("row, error", [

@@ -265,6 +265,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         refuse_while_rolling_back(home, f"add {rule.slug}'s missing alerts")
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
+    if start and end and start >= end:  # said before Spark starts, as typed (a date --to means its day's end)
+        raise ValueError(f"--from {args.start} must be before --to {args.end}")
     check_tables(Lake(home), rule)  # said before Spark starts
     with Progress("backtest", total=2 + bool(args.write)) as progress:
         progress.working_on("starting Spark")

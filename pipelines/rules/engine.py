@@ -712,10 +712,12 @@ class RuleManager:
              running: list[RunningQuery]) -> SyncResult:
         """Start, restart and stop rule queries in `running` (edited in place)."""
         result = SyncResult()
-        pack = scan_rules(self.rules_dir)
+        current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
+        # A running rule keeps its id over a copy of its file, however the two files' times go.
+        pack = scan_rules(self.rules_dir, deployed={r.writer.rule.slug for r in current.values()
+                                                    if r.writer.rule is not None})
         valid = pack.by_slug()
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
-        current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         status = rule_status(spark, lake)
         start = functools.partial(start_rule, spark, lake, settings, trigger)
         self._restart_failed(start, valid, current, running, result)

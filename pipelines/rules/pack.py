@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,10 +43,12 @@ def rule_files(rules_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.rglob("*.sql") if not any(part.startswith(".") for part in p.parts))
 
 
-def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
+def scan_rules(rules_dir: str | os.PathLike, deployed: Collection[str] = ()) -> RulePack:
     """Validate every rule file under `rules_dir`; duplicates of an id or a file name are
-    errors of every file but the oldest (by modification time, then path): a rule copied to
-    start a new one, its id not yet changed, is the one refused, not the deployed rule.
+    errors of every file but one: a file named in `deployed` (the file names, without `.sql`, of
+    the rules a stream runs), else the oldest (by modification time, then path). So a rule copied to
+    start a new one, its id not yet changed, is the one refused, not the deployed rule, even once
+    the deployed file is edited after the copy was made.
 
     >>> pack = scan_rules(RULES_DIR)
     >>> "dga_nxdomain_burst" in [r.slug for r in pack.rules], pack.errors
@@ -55,17 +57,17 @@ def scan_rules(rules_dir: str | os.PathLike) -> RulePack:
     pack = RulePack()
     ids: dict[str, Path] = {}
     slugs: dict[str, Path] = {}
-    for path in sorted(rule_files(rules_dir), key=lambda p: (_modified(p), p)):
+    for path in sorted(rule_files(rules_dir), key=lambda p: (p.stem not in deployed, _modified(p), p)):
         try:
             rule = validate_rule(path)
         except RuleError as exc:
             pack.errors[path] = str(exc)
             continue
         if rule.id in ids:
-            pack.errors[path] = duplicate_id(path, rule.id, _elder(ids[rule.id], path))
+            pack.errors[path] = duplicate_id(path, rule.id, _elder(ids[rule.id], path, deployed))
             continue
         if rule.slug in slugs:
-            pack.errors[path] = duplicate_name(path, rule.slug, f"{_elder(slugs[rule.slug], path)} keeps it")
+            pack.errors[path] = duplicate_name(path, rule.slug, f"{_elder(slugs[rule.slug], path, deployed)} keeps it")
             continue
         ids[rule.id] = path
         slugs[rule.slug] = path
@@ -93,8 +95,10 @@ def duplicate_name(path: Path, slug: str, holder: object) -> str:
     return f"{path}: duplicate rule file name {slug!r} ({holder}): rename this file"
 
 
-def _elder(kept: Path, refused: Path) -> str:
+def _elder(kept: Path, refused: Path, deployed: Collection[str]) -> str:
     """How a duplicate's message names the file that keeps the id or name."""
+    if kept.stem in deployed:
+        return f"the running {kept}"
     if _modified(kept) == _modified(refused):  # a copy that kept its time (cp -p, a checkout): path order
         return f"{kept} (same modification time; the first by path keeps it)"
     return f"the older {kept}"

@@ -20,7 +20,9 @@ from pathlib import Path
 import sqlglot
 import yaml
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, SqlglotError
+from sqlglot.tokens import Token, TokenType
 
 from pipelines.rules.limits import LimitError, check_limits
 from pipelines.rules.tables import ALERTS_TABLE, LOOKUP_TABLES, readable_tables, table_schema
@@ -386,6 +388,27 @@ def _check_metadata(meta: dict) -> dict:
     return meta
 
 
+# What may not follow a comma in Spark's grammar. sqlglot drops the empty item (`GROUP BY a,, b`
+# reads as `GROUP BY a, b`), where Spark refuses the query.
+_AFTER_COMMA = {TokenType.COMMA, TokenType.R_PAREN, TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY,
+                TokenType.HAVING, TokenType.ORDER_BY, TokenType.LIMIT, TokenType.SEMICOLON}
+
+
+def _empty_list_item(sql: str) -> Token | None:
+    """The comma of `sql` that leaves a list item empty, or None.
+
+    >>> _empty_list_item("SELECT a FROM t GROUP BY a,\\n  , b").line  # the comma with nothing after it
+    1
+    >>> _empty_list_item("SELECT f(a, b) FROM t") is None
+    True
+    """
+    tokens = Dialect.get_or_raise("spark").tokenize(sql)
+    for token, after in zip(tokens, [*tokens[1:], None]):
+        if token.token_type == TokenType.COMMA and (after is None or after.token_type in _AFTER_COMMA):
+            return token
+    return None
+
+
 def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
     """Parse `sql` (Spark dialect) and return its one statement, which must be a query; a parse
     error names the line of `sql` plus `line_offset` (the lines of the file above `sql`).
@@ -409,6 +432,10 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
         if isinstance(exc, ParseError) and exc.errors and exc.errors[0].get("line"):
             error = exc.errors[0]
             where, reason = f" at line {error['line'] + line_offset}, column {error['col']}", error["description"]
+            # "Required keyword: 'this' missing for <class 'sqlglot.expressions.query.Where'>"
+            missing = re.match(r"Required keyword: '\w+' missing for <class '[\w.]*\.(\w+)'>", reason)
+            if missing:
+                reason = f"{missing.group(1).upper()} has nothing after it"
         else:
             reason = str(exc).splitlines()[0]
         raise RuleError(f"the SQL does not parse{where}: {reason}{hint}") from None
@@ -416,6 +443,10 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
         quiet.setLevel(level)
     if len(statements) != 1:
         raise RuleError(f"exactly one SQL statement expected after the metadata, found {len(statements)}")
+    empty = _empty_list_item(sql)
+    if empty is not None:
+        raise RuleError(f"the SQL does not parse at line {empty.line + line_offset}, column {empty.col}: "
+                        "a list item left empty (a comma with nothing after it)")
     tree = statements[0]
     if not isinstance(tree, (exp.Select, exp.Union)):
         first = tree.sql(dialect="spark")[:40]

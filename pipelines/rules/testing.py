@@ -125,8 +125,9 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
         for alert in expected:
             bad = [k for k in alert if k.removesuffix("_contains") not in ALERTS_SCHEMA.fieldNames()]
             if bad:
-                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns (a rule's own "
-                                "columns are in `details`: check them with `details_contains`)")
+                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns"
+                                f"{_hints(bad, ALERTS_SCHEMA.fieldNames())} (a rule's own columns are in "
+                                "`details`: check them with `details_contains`)")
         cases.append(Case(name, rows, expected))
     return cases
 
@@ -156,10 +157,7 @@ def expand_rows(table: str, items: list, defaults: dict | None = None, where: st
             raise RuleError(f"{where}: every: {exc}") from None
         unknown = sorted(set(spec) - set(schema.fieldNames()))
         if unknown:
-            close = {u: difflib.get_close_matches(u, schema.fieldNames(), n=1) for u in unknown}
-            hints = [f"{u!r} -> {c[0]!r}" for u, c in close.items() if c]
-            raise RuleError(f"{where}: column(s) {unknown} are not in {table}"
-                            + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+            raise RuleError(f"{where}: column(s) {unknown} are not in {table}{_hints(unknown, schema.fieldNames())}")
         for i in range(repeat):
             try:
                 row = {k: _indexed(v, i) for k, v in spec.items()}
@@ -207,7 +205,8 @@ def _typed(row: dict, schema: StructType, where: str) -> dict:
             else:
                 out[name] = str(value)
         except (TypeError, ValueError) as exc:
-            raise RuleError(f"{where}: column {name}: {value!r} is not a {dtype.simpleString()} ({exc})") from None
+            raise RuleError(f"{where}: column {name}: {value!r} is not of type {dtype.simpleString()} "
+                            f"({exc})") from None
     return out
 
 
@@ -304,3 +303,13 @@ def lint_rule(rule: Rule) -> list[str]:
     if not any(not c.alerts for c in cases):
         problems.append(f"rule {rule.slug}: no negative test case (one that expects `alerts: []`)")
     return problems
+
+
+def _hints(unknown: list[str], names: list[str]) -> str:
+    """' (did you mean ...?)' for the names in `unknown` close to one of `names`, else ''.
+
+    >>> _hints(["qurey", "zzz", "srcip"], ["query", "src_ip"])
+    " (did you mean 'query' for 'qurey', 'src_ip' for 'srcip'?)"
+    """
+    hints = [f"{close[0]!r} for {u!r}" for u in unknown if (close := difflib.get_close_matches(u, names, n=1))]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
