@@ -714,8 +714,8 @@ class RuleManager:
         result = SyncResult()
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         # A running rule keeps its id over a copy of its file, however the two files' times go.
-        pack = scan_rules(self.rules_dir, deployed={r.writer.rule.slug for r in current.values()
-                                                    if r.writer.rule is not None})
+        rules = [r.writer.rule for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))]
+        pack = scan_rules(self.rules_dir, deployed={rule.slug for rule in rules if rule is not None})
         valid = pack.by_slug()
         invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
         status = rule_status(spark, lake)
