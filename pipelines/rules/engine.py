@@ -691,7 +691,8 @@ class RuleManager:
       the checkpoint of its (possibly new) version;
     - a removed file: its query stops;
     - a file that no longer validates, or whose SQL changed under the version its checkpoint
-      was made with: the running version keeps running, the error is logged once per content;
+      was made with: the running version keeps running, the error is logged once per content and
+      reason (a duplicate removed can leave the same file refused for another reason);
     - a rule that could not start because an input table did not exist yet: retried;
     - a rule whose query failed or whose batch ran over budget: counted in `rule_status`,
       retried once its back-off has passed, left stopped once disabled (until
@@ -704,7 +705,7 @@ class RuleManager:
 
     def __init__(self, rules_dir: str | os.PathLike | None = None) -> None:
         self.rules_dir = Path(rules_dir or default_rules_dir())
-        self._logged: dict[Path, str] = {}
+        self._logged: dict[Path, tuple[str, str]] = {}  # (content hash, reason) last logged per file
         self._refused: dict[str, str | None] = {}  # content hash of an edit -> why it would not start
         self._probing: set[str] = set()  # suspects of a dead application started, first trigger not done
 
@@ -811,22 +812,22 @@ class RuleManager:
             self._refused[rule.content_hash] = (
                 logic_changed(lake.home.checkpoint(rule.checkpoint_name), rule) or plan(rule))
         reason = self._refused[rule.content_hash]
-        if reason and rule.path is not None and self._logged.get(rule.path) != rule.content_hash:
-            self._logged[rule.path] = rule.content_hash
+        if reason and rule.path is not None and self._logged.get(rule.path) != (rule.content_hash, reason):
+            self._logged[rule.path] = (rule.content_hash, reason)
             log.error("rule file not deployed (its running version keeps running): %s", reason)
         return bool(reason)
 
     def _record_invalid(self, invalid: dict[str, tuple[Path, str]], current: dict[str, RunningQuery],
                         status: RuleStatus, result: SyncResult) -> None:
         """A file that does not validate: `invalid` in rule_status unless its older version runs;
-        its error logged once per content."""
+        its error logged once per content and reason."""
         for name, (path, reason) in invalid.items():
             result.invalid[name] = reason
             digest = file_hash(path)
             if name not in current:
                 status.update(path.stem, digest, functools.partial(RuleHealth.invalid, reason=reason))
-            if self._logged.get(path) != digest:
-                self._logged[path] = digest
+            if self._logged.get(path) != (digest, reason):  # a file's new reason is news, its content unchanged
+                self._logged[path] = (digest, reason)
                 kept = " (its running version keeps running)" if name in current else ""
                 log.error("rule file not deployed%s: %s", kept, reason)
 
