@@ -102,6 +102,15 @@ def test_rules_list_and_validate_commands(tmp_path, capsys):
     assert run_cli("rules", "validate", str(draft), "--rules", str(RULES)) == 0
     out = capsys.readouterr().out
     assert f"ok      {draft} (dns_tunneling v3, high, a new text of {RULES / 'dns' / 'dns_tunneling.sql'})" in out, out
+    # A stale draft (an older version), and an edit of the logic under the pack's version, would not deploy.
+    deployed = (RULES / "dns" / "dns_tunneling.sql").read_text()
+    draft.write_text(deployed.replace("version: 2", "version: 1"))
+    assert run_cli("rules", "validate", str(draft), "--rules", str(RULES)) == 1
+    assert f"INVALID {draft}: v1 is older than v2 of {RULES / 'dns' / 'dns_tunneling.sql'}" in capsys.readouterr().out
+    assert "WHERE longest_label >= 30 " in deployed
+    draft.write_text(deployed.replace("WHERE longest_label >= 30 ", "WHERE longest_label >= 40 "))
+    assert run_cli("rules", "validate", str(draft), "--rules", str(RULES)) == 1
+    assert "under the same v2: bump `version`" in capsys.readouterr().out
 
 
 def test_report_prints_aligned_tables():

@@ -162,7 +162,8 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
     """RuleError when `rule` (a file validated alone) would be refused by the pack it joins: its
     file is one of the pack's invalid ones, or another file of the pack has its id or name. A
     file with the id and the name of a pack's rule is a new text of it (a draft of its next
-    version outside the pack): the path it would replace."""
+    version outside the pack): the path it would replace; refused when its version is older, or
+    when its logic changed under the same version (the deploy would be refused: bump `version`)."""
     if pack is None or rule.path is None:
         return None
     here = rule.path.resolve()
@@ -170,9 +171,15 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
         if path.resolve() == here:
             raise RuleError(reason)
     others = [o for o in pack.rules if o.path is not None and o.path.resolve() != here]
-    replaced = next((o.path for o in others if (o.id, o.slug) == (rule.id, rule.slug)), None)
+    replaced = next((o for o in others if (o.id, o.slug) == (rule.id, rule.slug)), None)
     if replaced is not None:
-        return replaced
+        if rule.version < replaced.version:
+            raise RuleError(f"{rule.path}: v{rule.version} is older than v{replaced.version} of {replaced.path}: "
+                            f"a new text of it takes a version past {replaced.version}")
+        if rule.version == replaced.version and rule.logic_hash != replaced.logic_hash:
+            raise RuleError(f"{rule.path}: its SQL, event time, watermark, window, keys or emit differ from "
+                            f"{replaced.path} under the same v{rule.version}: bump `version`")
+        return replaced.path
     for other in others:
         if rule.id == other.id:
             raise RuleError(duplicate_id(rule.path, rule.id, other.path))
