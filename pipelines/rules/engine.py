@@ -651,7 +651,7 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     for path, reason in pack.errors.items():
         stages.append(Stage(query_name(path.stem), reads=(), writes=(ALERTS_TABLE,),
                             start=functools.partial(_start_invalid, path, reason)))
-    return stages
+    return sorted(stages, key=lambda stage: stage.name)  # an invalid file among the others, by name
 
 
 def _start_invalid(path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
