@@ -3,6 +3,7 @@ no duplicates across re-runs and checkpoint resets, failure isolation, hot deplo
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -234,6 +235,17 @@ def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdic
     [ran] = run_all(spark, lake, [rule])
     assert ran.error is None and ran.note is None and ran.batches >= 1, ran.line()
     assert rule_status(spark, lake).get(rule.slug, rule.content_hash).state == "ok"
+
+
+def test_a_file_refused_for_its_duplicate_name_is_a_stage_of_its_own(tmp_path):
+    # Both were stages named rule_dns_tunneling: run-once listed the name twice.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(TUNNEL, tmp_path / "a" / TUNNEL.name)
+    other = re.sub(r"(?m)^id: .*$", "id: 11111111-2222-4333-8444-555555555555", TUNNEL.read_text())
+    (tmp_path / "b" / TUNNEL.name).write_text(other)
+    os.utime(tmp_path / "b" / TUNNEL.name, (time.time() + 60, time.time() + 60))
+    assert [s.name for s in rule_stages(tmp_path)] == ["rule_b_dns_tunneling", "rule_dns_tunneling"]
 
 
 def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spark, tmp_path, lake):

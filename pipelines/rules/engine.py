@@ -646,10 +646,14 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     >>> [s.name for s in rule_stages("rules")][:2]
     ['rule_c2_beaconing', 'rule_dga_nxdomain_burst']
     """
-    pack = scan_rules(rules_dir or default_rules_dir())
+    root = Path(rules_dir or default_rules_dir())
+    pack = scan_rules(root)
     stages = [rule_stage(rule) for rule in pack.rules]
     for path, reason in pack.errors.items():
-        stages.append(Stage(query_name(path.stem), reads=(), writes=(ALERTS_TABLE,),
+        name = query_name(path.stem)
+        if name in {stage.name for stage in stages}:  # a duplicate file name: its folder tells it apart
+            name = query_name(path.relative_to(root).with_suffix("").as_posix())
+        stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
                             start=functools.partial(_start_invalid, path, reason)))
     return sorted(stages, key=lambda stage: stage.name)  # an invalid file among the others, by name
 
