@@ -60,7 +60,7 @@ from pipelines.query import (
 )
 from pipelines.rules.alerts import alert_frame, detected, unseen
 from pipelines.rules.health import DISABLED, FAILING, INVALID, RuleHealth
-from pipelines.rules.pack import default_rules_dir, scan_rules
+from pipelines.rules.pack import RulePack, default_rules_dir, scan_rules
 from pipelines.rules.spec import Rule, RuleError, query_name
 from pipelines.rules.status import (
     RuleStatus,
@@ -649,13 +649,24 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     root = Path(rules_dir or default_rules_dir())
     pack = scan_rules(root)
     stages = [rule_stage(rule) for rule in pack.rules]
-    for path, reason in pack.errors.items():
-        name = query_name(path.stem)
-        if name in {stage.name for stage in stages}:  # a duplicate file name: its folder tells it apart
-            name = query_name(path.relative_to(root).with_suffix("").as_posix())
+    for name, (path, reason) in invalid_names(root, pack).items():
         stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
                             start=functools.partial(_start_invalid, path, reason)))
     return sorted(stages, key=lambda stage: stage.name)  # an invalid file among the others, by name
+
+
+def invalid_names(root: Path, pack: RulePack) -> dict[str, tuple[Path, str]]:
+    """Each invalid file of `pack` (scanned from `root`) and its reason, by its stage's name: its
+    file name's query name, or its path's under `root` when another file has that name."""
+    named: dict[str, tuple[Path, str]] = {}
+    taken = {rule.query_name for rule in pack.rules}
+    for path, reason in pack.errors.items():
+        name = query_name(path.stem)
+        if name in taken:  # a duplicate file name: its folder tells it apart
+            name = query_name(path.relative_to(root).with_suffix("").as_posix())
+        taken.add(name)
+        named[name] = (path, reason)
+    return named
 
 
 def _start_invalid(path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
@@ -722,7 +733,7 @@ class RuleManager:
         rules = [r.writer.rule for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))]
         pack = scan_rules(self.rules_dir, deployed={rule.slug for rule in rules if rule is not None})
         valid = pack.by_slug()
-        invalid = {query_name(path.stem): (path, reason) for path, reason in pack.errors.items()}
+        invalid = invalid_names(self.rules_dir, pack)
         status = rule_status(spark, lake)
         start = functools.partial(start_rule, spark, lake, settings, trigger)
         self._restart_failed(start, valid, current, running, result)
