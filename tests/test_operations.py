@@ -224,6 +224,17 @@ def test_rollback_after_a_compaction_and_after_a_rollback_keeps_what_it_can(spar
     kept = _kept_batch(_history(lake, "silver_dns"), "etl", first)
     lines = "\n".join(plan_rollback(lake, "silver_dns", restored, cascade=True).lines())
     assert f"checkpoint etl             rewind to batch {kept}" in lines and "etl is reset" not in lines, lines
+    # The RESTORE's version and the txn reset right after it hold the same rows: alerts go back to the
+    # same version for both. From the RESTORE's, alerts went back to before that first rollback, its
+    # undone batches' alerts included (the reset, committed before alerts were restored, was the cut).
+    reset = next(c for c in commits(lake.path("silver_dns")) if c["version"] == restored + 1)
+    assert reset["operation"] != "WRITE" and not reset["changes_data"], reset
+
+    def alerts_target(version: int) -> int | None:
+        return next(t.target for t in plan_rollback(lake, "silver_dns", version, cascade=True).tables
+                    if t.table == "alerts")
+
+    assert alerts_target(restored) == alerts_target(restored + 1)
 
 
 def test_streams_go_on_after_retention_deletes_old_partitions(spark, tmp_path):

@@ -20,7 +20,8 @@ The rule, per stage (`pipelines.stages.stages()` gives who reads and writes what
   stages write (`late_events`) being emptied resets all of its writers.
 - Rules are reset (checkpoint deleted; a new checkpoint gets a new writer id), those of another
   pack too (every `rule_*` checkpoint of the home). `alerts` goes back to its last version
-  committed before the first commit this rollback removes upstream; alerts have stable ids and
+  committed before the first commit this rollback removes upstream that changes rows (a compaction
+  or a txn reset gives a rule nothing); alerts have stable ids and
   rules skip the ids the table holds, so re-running every rule adds exactly the missing ones. The
   platform's own alerts (a rule disabled, rows a rule dropped as late) are not the rules' output
   and no re-run writes them again: those the restore removes are appended back (not by
@@ -227,8 +228,20 @@ def _txn_resets(history: list[dict[str, Any]], target: int | None) -> dict[str, 
 
 
 def _first_removed(history: list[dict[str, Any]], target: int | None) -> datetime | None:
+    """When the first commit after `target` that changes rows was made (None: none does). Only
+    those give a reader anything to derive: a txn reset an earlier rollback made right after its
+    RESTORE is the first commit after that RESTORE's version, but alerts from before it would hold
+    what that rollback undid.
+
+    >>> from datetime import timezone
+    >>> at = [datetime(2026, 11, 20, h, tzinfo=timezone.utc) for h in range(3)]
+    >>> _first_removed([{"version": 0, "timestamp": at[0], "changes_data": True},
+    ...                 {"version": 1, "timestamp": at[1], "changes_data": False},
+    ...                 {"version": 2, "timestamp": at[2], "changes_data": True}], 0).hour
+    2
+    """
     upto = -1 if target is None else target
-    removed = [c["timestamp"] for c in history if c["version"] > upto]
+    removed = [c["timestamp"] for c in history if c["version"] > upto and c["changes_data"]]
     return min(removed) if removed else None
 
 
@@ -354,9 +367,9 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
     if table != ALERTS_TABLE and readers:
         if lake.exists(ALERTS_TABLE) and cut is not None:
             targets[ALERTS_TABLE] = _before_time(history(ALERTS_TABLE), cut)
-            reasons[ALERTS_TABLE] = ("last version committed before the first removed upstream commit"
+            reasons[ALERTS_TABLE] = ("last version committed before the first removed upstream rows"
                                      if targets[ALERTS_TABLE] is not None else
-                                     "every version was committed after the first removed upstream commit")
+                                     "every version was committed after the first removed upstream rows")
         alerts_moved = ALERTS_TABLE in changed()
         for rule in rules if alerts_moved else readers:
             resets[rule.name] = _RULES_RESET
