@@ -38,6 +38,7 @@ from pyspark.sql.types import StructType  # noqa: E402
 from pipelines.lake.log import read_columns, summary, tally  # noqa: E402
 from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.parsers.sources import get_source, source_names  # noqa: E402
+from pipelines.settings import QUARANTINE_WINDOW_HOURS  # noqa: E402
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
@@ -64,7 +65,6 @@ NOT_NULL_BY_TABLE = {"dhcp_leases": ("ip", "mac", "valid_from"), "dhcp_clock": (
 
 PANDAS_MAX_ROWS = 200_000
 DEFAULT_MAX_QUARANTINE_RATIO = 0.05
-DEFAULT_WINDOW_HOURS = 24.0
 
 
 def expectations_for(table: str, schema: StructType | None = None) -> list[gxe.Expectation]:
@@ -297,7 +297,7 @@ def validate_table(spark: SparkSession, lake: Lake, table: str, *, engine: str =
 # --- quarantine ratio --------------------------------------------------------------------------
 
 def quarantine_counts(spark: SparkSession, lake: Lake, sources: list[str] | tuple[str, ...] | None = None,
-                      window_hours: float | None = DEFAULT_WINDOW_HOURS,
+                      window_hours: float | None = QUARANTINE_WINDOW_HOURS,
                       now: datetime | None = None) -> pd.DataFrame:
     """Per source: good lines (bronze, parse_ok), quarantined lines, and their ratio.
 

@@ -439,6 +439,30 @@ def test_retention_ages_a_table_without_event_date_by_its_own_time(spark, tmp_pa
     assert [r[column].month for r in lake.read(spark, table).collect()] == [2]
 
 
+def test_retention_keeps_raw_lines_the_quarantine_check_counts_and_ages_unparsed_ones_by_their_reading(
+        spark, tmp_path):
+    # A backfill of old logs lost its good lines at once, so the blocking quarantine check saw only the
+    # bad ones (100%) and stopped Dagster's run; a line that did not parse (no event_date) was never deleted.
+    from pipelines.operations.retention import apply_retention
+
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    lake.ensure(spark, "bronze_zeek")
+    schema = lake.spec("bronze_zeek").schema
+    row = {name: None for name in schema.fieldNames()}
+    today = date(2026, 3, 1)  # cutoff 2026-01-30 with 30 days
+    lines = {"old, read long ago": (date(2026, 1, 1), datetime(2026, 1, 2)),
+             "old, read yesterday": (date(2026, 1, 1), datetime(2026, 2, 28, 6)),
+             "unparsed, read long ago": (None, datetime(2026, 1, 2)),
+             "unparsed, read yesterday": (None, datetime(2026, 2, 28, 6)),
+             "new": (date(2026, 2, 27), datetime(2026, 2, 27, 6))}
+    rows = [{**row, "raw": name, "event_date": day, "ingest_time": read} for name, (day, read) in lines.items()]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("bronze_zeek")))
+    done = {s.target: s for s in apply_retention(spark, lake, Settings(retention_bronze_days=30), today=today)}
+    assert done["bronze_zeek"].removed == 2
+    assert sorted(r.raw for r in lake.read(spark, "bronze_zeek").collect()) == [
+        "new", "old, read yesterday", "unparsed, read yesterday"]
+
+
 def test_retention_dry_run_counts_and_keeps(spark, tmp_path):
     from pipelines.operations.retention import apply_retention
 

@@ -1,8 +1,9 @@
 """`seclake retention`: delete what is older than each layer's retention (`pipelines/settings.py`).
 
 Tables: Delta `DELETE WHERE event_date < cutoff` (files go at the next VACUUM, after its own
-retention); quarantine, whose lines never became events, by the time they were read
-(`ingest_time`), and late_events by the time each record was made (`recorded_at`). Landing
+retention); bronze's raw lines not while the quarantine check counts them (read within its window),
+and those that never became events by the time they were read (`ingest_time`), as quarantine's;
+late_events by the time each record was made (`recorded_at`). Landing
 files: removed when their modification time is before the cutoff *and* a batch the ETL
 committed read them (`etl.processed_files`), so nothing unprocessed goes.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -19,7 +20,7 @@ from pyspark.sql import SparkSession
 from pipelines.etl import landing_paths, processed_files
 from pipelines.lake.registry import Lake
 from pipelines.operations.relocate import moved_here
-from pipelines.settings import Settings
+from pipelines.settings import QUARANTINE_WINDOW_HOURS, Settings
 
 LAYER_SETTING = {"bronze": "retention_bronze_days", "silver": "retention_silver_days",
                  "enriched": "retention_enriched_days", "gold": "retention_gold_days"}
@@ -43,6 +44,20 @@ class RetentionStep:
             return f"{self.target:<20} kept ({self.note or 'no retention'})"
         verb = "would delete" if dry_run else "deleted"
         return f"{self.target:<20} {verb} {self.removed} {self.unit} before {self.cutoff}{self.note}"
+
+
+def _raw_lines(cutoff: date, today: date) -> str:
+    """Bronze's condition: a line by its event's day, unless it was read within the quarantine
+    check's window (a backfill of old logs deleted at once would leave that check only its bad
+    lines: a blocking check failed); a line with no event day (it did not parse) by when it was read.
+
+    >>> print(_raw_lines(date(2026, 1, 30), date(2026, 3, 1)).replace(" OR ", "\\nOR "))
+    (event_date < DATE'2026-01-30' AND ingest_time < TIMESTAMP'2026-02-28 00:00:00')
+    OR (event_date IS NULL AND ingest_time < TIMESTAMP'2026-01-30 00:00:00')
+    """
+    fresh = datetime.combine(today, time()) - timedelta(hours=QUARANTINE_WINDOW_HOURS)
+    return (f"(event_date < DATE'{cutoff.isoformat()}' AND ingest_time < TIMESTAMP'{fresh:%Y-%m-%d %H:%M:%S}') "
+            f"OR (event_date IS NULL AND ingest_time < TIMESTAMP'{cutoff.isoformat()} 00:00:00')")
 
 
 def _cutoff(days: int, today: date) -> date | None:
@@ -78,7 +93,8 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
             continue
         if spark is None:
             raise ValueError("retention of tables needs a SparkSession")
-        condition = f"{column} < DATE'{cutoff.isoformat()}'"
+        condition = (_raw_lines(cutoff, today) if column == "event_date" and "ingest_time" in spec.schema.fieldNames()
+                     else f"{column} < DATE'{cutoff.isoformat()}'")
         old = lake.read(spark, name).where(condition).count()
         if old and not dry_run:
             from pipelines.lake.admin import delete_where
