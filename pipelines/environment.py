@@ -9,6 +9,8 @@ streams themselves are `pipelines.settings.Settings` (`--set name=value`).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 VARIABLES: dict[str, str] = {
@@ -83,19 +85,42 @@ def rules_dir() -> Path | None:
     return Path(value) if value else None
 
 
+# What Spark takes: checked here, since Spark's own refusal of a bad value is a JVM that exits
+# before it says anything ("Java gateway process exited"), or an error after its start.
+_MASTER = re.compile(r"local(\[(\*|\d+)(\s*,\s*\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+")
+_MEMORY = re.compile(r"\d+([kmgtp]b?|b)?", re.IGNORECASE)
+LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+
+
+def _checked(name: str, valid: Callable[[str], object], expected: str) -> str | None:
+    value = _get(name)
+    if value is not None and not valid(value):
+        raise ValueError(f"{name} must be {expected}, not {value!r}")
+    return value
+
+
 def spark_master() -> str | None:
-    """`$SECLAKE_SPARK_MASTER`, if set."""
-    return _get("SECLAKE_SPARK_MASTER")
+    """`$SECLAKE_SPARK_MASTER`, if set: a Spark master URL; ValueError names a value Spark would refuse.
+
+    >>> os.environ["SECLAKE_SPARK_MASTER"] = "bogus://x"
+    >>> spark_master()
+    Traceback (most recent call last):
+    ...
+    ValueError: SECLAKE_SPARK_MASTER must be a Spark master such as local[*], ..., not 'bogus://x'
+    >>> del os.environ["SECLAKE_SPARK_MASTER"]
+    """
+    return _checked("SECLAKE_SPARK_MASTER", _MASTER.fullmatch,
+                    "a Spark master such as local[*], local[4], spark://host:7077, yarn or k8s://https://host:443")
 
 
 def driver_memory() -> str | None:
-    """`$SECLAKE_DRIVER_MEMORY`, if set."""
-    return _get("SECLAKE_DRIVER_MEMORY")
+    """`$SECLAKE_DRIVER_MEMORY`, if set: a JVM size such as 4g or 512m."""
+    return _checked("SECLAKE_DRIVER_MEMORY", _MEMORY.fullmatch, "a size such as 4g or 512m")
 
 
 def spark_log_level() -> str | None:
-    """`$SECLAKE_SPARK_LOG_LEVEL`, if set (e.g. WARN or INFO to see Spark's own logging)."""
-    return _get("SECLAKE_SPARK_LOG_LEVEL")
+    """`$SECLAKE_SPARK_LOG_LEVEL`, if set (e.g. WARN or INFO to see Spark's own logging): one of `LOG_LEVELS`."""
+    return _checked("SECLAKE_SPARK_LOG_LEVEL", lambda v: v.upper() in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}")
 
 
 def dagster_env() -> str | None:

@@ -141,11 +141,16 @@ class Home:
                              "is the path given (--home) or SECLAKE_HOME right?")
         return self
 
+    def folder(self) -> "Home":
+        """Self, unless its root is a file: a ValueError naming it (a home is a folder, made if missing)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"home {self.root} is a file, not a folder")
+        return self
+
     def create(self) -> "Home":
         """Create the standard sub-folders (idempotent), record a lake on object storage once it
         is reached (`check_reachable`), return self."""
-        if self.root.exists() and not self.root.is_dir():
-            raise ValueError(f"home {self.root} is a file, not a folder")
+        self.folder()
         unrecorded = self.lake if not (self.root / LAKE_FILE).exists() else None
         if unrecorded is not None:
             check_reachable(unrecorded)

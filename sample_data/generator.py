@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace, started: float) -> int:
     from pipelines.terminal import Progress
 
     try:
-        out = args.out or Home.resolve(None).root
+        out = Home.resolve(args.out).folder().root
         hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)
         with Progress("generate", total=hours) as progress:
             manifest = generate(

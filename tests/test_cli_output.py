@@ -4,6 +4,7 @@ piped): seclake's own lines only, no JVM, log4j, Spark or Python-worker chatter,
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -214,6 +215,29 @@ def test_run_once_refuses_a_home_that_is_a_file(tmp_path):
     run = seclake("run-once", "--home", str(tmp_path / "afile"))
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr == f"seclake run-once: home {tmp_path / 'afile'} is a file, not a folder\n", run.stderr
+
+
+def test_generate_refuses_a_home_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    run = seclake("generate", "--hours", "1", "--hosts", "2", "--home", str(tmp_path / "afile"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == f"seclake generate: error: home {tmp_path / 'afile'} is a file, not a folder\n", run.stderr
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("SECLAKE_DRIVER_MEMORY", "lots", "a size such as 4g or 512m"),
+    ("SECLAKE_SPARK_MASTER", "bogus://x", "a Spark master such as local[*]"),
+    ("SECLAKE_SPARK_LOG_LEVEL", "LOUD", "one of ALL, TRACE, DEBUG, INFO, WARN, ERROR, FATAL, OFF"),
+])
+def test_a_bad_spark_variable_is_named_before_the_jvm_starts(tmp_path, variable, value, expected):
+    # Each was "[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number",
+    # or Spark's own refusal after its start, naming no variable.
+    (tmp_path / "home" / "tables").mkdir(parents=True)
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", "sql", "--home", str(tmp_path / "home"), "SELECT 1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, variable: value})
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert run.stderr.startswith(f"seclake sql: {variable} must be {expected}") and run.stderr.endswith(
+        f", not {value!r}\n"), run.stderr
 
 
 def test_rules_status_read_by_delta_rs_exits_with_its_own_code_every_time(spark, tmp_path):
