@@ -311,8 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seclake {args.command}: {error_summary(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"seclake {args.command}: interrupted", file=sys.stderr)
+        print(f"seclake {args.command}: interrupted{_interrupted_hint(args)}", file=sys.stderr)
         return 130
+
+
+def _interrupted_hint(args: argparse.Namespace) -> str:
+    """What to do after a Ctrl-C: a rollback left half done is finished by the same command."""
+    if args.command != "rollback":
+        return ""
+    from pipelines.operations.running import PENDING, pending_command
+
+    home = Home.resolve(args.home)
+    return f"; `{pending_command(home)}` finishes it" if (home.root / PENDING).exists() else ""
 
 
 def run() -> None:

@@ -98,6 +98,8 @@ def test_rollback_cascade_after_a_bad_deploy_ends_equal_to_a_clean_run(spark, tm
     plan = rollback(None, lake, "silver_dns", 0, cascade=True, dry_run=True)
     text = "\n".join(plan.lines())
     assert "checkpoint etl" in text and f"rewind to batch {last - 1}" in text and "enriched_dns" in text
+    # late_events, written by attribution's four queries, is emptied by their resets: each named, not the last seen.
+    assert "(dhcp_leases, enriched_conn, enriched_dns, enriched_ids_alerts are reset)" in text, text
     assert {n: lake.read(spark, n).count() for n in ("silver_dns",)} == versions  # the dry run changed nothing
 
     done: list[str] = []  # each step as it is done (the command's progress lines)
@@ -323,6 +325,23 @@ def test_run_once_refuses_while_a_stream_runs_on_the_home(spark, tmp_path):
             run_once(spark, lake, SETTINGS)
         assert not lake.exists("silver_dns")
     assert run_once(spark, lake, SETTINGS, only=["etl"])[0].error is None
+
+
+def test_a_rollback_stopped_by_ctrl_c_says_the_command_that_finishes_it(tmp_path, monkeypatch, capsys):
+    # It printed only "interrupted"; the next run-once named the command, the rollback itself did not.
+    from pipelines import cli
+    from pipelines.operations import cli as operations_cli
+
+    home = Home.resolve(tmp_path / "home").create()
+
+    def stopped_half_way(args):
+        (home.root / PENDING).write_text(json.dumps({"command": "seclake rollback silver_dns --to-version 3"}))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(operations_cli, "cmd_rollback", stopped_half_way)
+    assert cli.main(["rollback", "silver_dns", "--to-version", "3", "--home", str(home.root)]) == 130
+    assert capsys.readouterr().err == ("seclake rollback: interrupted; `seclake rollback silver_dns --to-version 3` "
+                                       "finishes it\n")
 
 
 def test_a_second_writer_of_a_home_is_refused_naming_the_first_and_a_killed_one_leaves_no_lock(tmp_path, capsys):

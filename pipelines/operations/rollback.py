@@ -337,6 +337,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
               default=None)
     # Closure: reset readers of changed tables (--cascade) and co-writers of emptied shared tables.
     stale: dict[str, list[str]] = {}  # without --cascade: stage -> the changed tables it streams from
+    emptied_by: dict[str, list[str]] = {}  # a table -> the stages whose reset empties it (late_events has three)
     grew = True
     while grew:
         grew = False
@@ -351,7 +352,10 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                                       else f"it also writes {', '.join(shares)}") + "; recomputed from its inputs"
                 for name in stage.writes:
                     if lake.exists(name):
-                        targets[name], reasons[name] = None, f"{stage.name} is reset"
+                        by = emptied_by.setdefault(name, [])
+                        by.append(stage.name)
+                        targets[name] = None
+                        reasons[name] = f"{', '.join(sorted(by))} {'are' if len(by) > 1 else 'is'} reset"
                 grew = True
             elif reads and stage.name != END_OF_INPUT:  # its mark is read from statistics, not a stream
                 stale[stage.name] = reads

@@ -126,6 +126,13 @@ def writer_lock(home: Home, command: str) -> WriterLock:
     Traceback (most recent call last):
     ...
     pipelines.operations.running.HomeBusy: seclake run-once (pid ...) is writing ...: wait ... before seclake maintain
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     home = Home.resolve(tmp)
+    ...     with writer_lock(home, STREAM):
+    ...         writer_lock(home, STREAM)
+    Traceback (most recent call last):
+    ...
+    pipelines.operations.running.HomeBusy: seclake stream (pid ...) is writing ...: stop it before seclake stream
     """
     path = home.root / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +173,9 @@ def _interrupted(home: Home, command: str) -> RollbackPending:
 def _busy(fd: int, home: Home, command: str) -> HomeBusy:
     """HomeBusy naming the holder of the writer lock open as `fd` (its line in the lock file)."""
     holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-    return HomeBusy(f"{holder} is writing {home.root}: wait for it to finish before {command}")
+    # A stream does not finish: it is stopped (Ctrl-C, SIGTERM).
+    wait = "stop it" if holder.startswith(STREAM) else "wait for it to finish"
+    return HomeBusy(f"{holder} is writing {home.root}: {wait} before {command}")
 
 
 def _running(home: Home, command: str) -> HomeBusy | None:
