@@ -33,15 +33,16 @@ from pipelines import environment
 from pipelines.lake.registry import Lake
 from pipelines.parsers.sources import silver_feeds
 from pipelines.query import Stage
-from pipelines.settings import MAX_DAYS
+from pipelines.settings import MAX_DAYS, MAX_QUARANTINE_RATIO
 from pipelines.stages import own_tables
 
 QUALITY_LAYERS = ("silver", "enriched")
 QUARANTINE_RATIO = "quarantine_ratio"
 
 
-def _default_max_ratio() -> float:
-    return environment.max_quarantine_ratio(0.05)
+def max_quarantine_ratio() -> float:
+    """The quarantine check's threshold: `$SECLAKE_MAX_QUARANTINE_RATIO`, else `MAX_QUARANTINE_RATIO`."""
+    return environment.max_quarantine_ratio(MAX_QUARANTINE_RATIO)
 
 
 # The windows' bounds: a window below them selects no row (a future date, an empty range) and the
@@ -54,7 +55,7 @@ class ExpectationsConfig(Config):
 
 
 class QuarantineRatioConfig(Config):
-    max_ratio: float = Field(default_factory=_default_max_ratio,
+    max_ratio: float = Field(default_factory=max_quarantine_ratio,
                              description="largest allowed quarantined / (good + quarantined) per source")
     window_hours: float | None = Field(default=24.0, gt=0, le=MAX_DAYS * 24, allow_inf_nan=False,
                                        description=f"count lines ingested in the last N hours (above 0, at most "

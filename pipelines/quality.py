@@ -38,7 +38,7 @@ from pyspark.sql.types import StructType  # noqa: E402
 from pipelines.lake.log import read_columns, summary, tally  # noqa: E402
 from pipelines.lake.registry import Lake  # noqa: E402
 from pipelines.parsers.sources import get_source, source_names  # noqa: E402
-from pipelines.settings import QUARANTINE_WINDOW_HOURS  # noqa: E402
+from pipelines.settings import MAX_QUARANTINE_RATIO, QUARANTINE_WINDOW_HOURS  # noqa: E402
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
@@ -64,7 +64,6 @@ NOT_NULL = ("event_id", "event_time", "event_date", "alert_id")
 NOT_NULL_BY_TABLE = {"dhcp_leases": ("ip", "mac", "valid_from"), "dhcp_clock": ("clock", "written_at")}
 
 PANDAS_MAX_ROWS = 200_000
-DEFAULT_MAX_QUARANTINE_RATIO = 0.05
 
 
 def expectations_for(table: str, schema: StructType | None = None) -> list[gxe.Expectation]:
@@ -104,7 +103,7 @@ def suite_for(table: str, schema: StructType | None = None) -> gx.ExpectationSui
     return gx.ExpectationSuite(name=table, expectations=expectations_for(table, schema))
 
 
-def quarantine_suite(max_ratio: float = DEFAULT_MAX_QUARANTINE_RATIO) -> gx.ExpectationSuite:
+def quarantine_suite(max_ratio: float = MAX_QUARANTINE_RATIO) -> gx.ExpectationSuite:
     """Over a frame of per-source counts (`source`, `good`, `quarantined`, `ratio`)."""
     return gx.ExpectationSuite(name="quarantine_ratio", expectations=[
         gxe.ExpectColumnValuesToBeBetween(column="ratio", min_value=0.0, max_value=max_ratio),
@@ -376,7 +375,7 @@ def _counts_from_spark(spark: SparkSession, lake: Lake, tables: list[str], quara
     return good, bad
 
 
-def validate_quarantine_ratio(counts: pd.DataFrame, max_ratio: float = DEFAULT_MAX_QUARANTINE_RATIO) -> Outcome:
+def validate_quarantine_ratio(counts: pd.DataFrame, max_ratio: float = MAX_QUARANTINE_RATIO) -> Outcome:
     """GE suite `quarantine_ratio` over the per-source counts of `quarantine_counts`."""
     if not 0.0 <= max_ratio <= 1.0:
         raise ValueError(f"max_ratio must be within 0..1, got {max_ratio}")

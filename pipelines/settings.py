@@ -94,6 +94,9 @@ MAX_DAYS = 36_500
 # The quarantine check compares the lines read in this many hours (a bad file stands out instead of
 # being diluted by the table's history); retention keeps the raw lines read in it.
 QUARANTINE_WINDOW_HOURS = 24.0
+# The share of a source's lines in that window that may be quarantined before the (blocking) check
+# fails; $SECLAKE_MAX_QUARANTINE_RATIO overrides it.
+MAX_QUARANTINE_RATIO = 0.05
 # The whole-number settings that must be above 0 (the others may be 0: "none" or "keep everything").
 _LEAST = {name: 1 for name in ("max_bytes_per_trigger", "max_offsets_per_trigger", "rule_max_failures",
                                "state_partitions", "stages_at_once", "checkpoint_interval", "notify_max_attempts")}

@@ -386,6 +386,19 @@ def test_a_dagster_job_launched_from_a_shell_refuses_at_once_while_a_stream_runs
     assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 
 
+def test_a_dagster_job_launched_with_a_bad_quarantine_ratio_is_refused_before_it_runs(tmp_path, monkeypatch, capsys):
+    # It ran the ETL, then failed its quarantine check on the variable.
+    from assets.launch import main as launch
+
+    home = Home.resolve(tmp_path / "home").create()
+    monkeypatch.setenv("SECLAKE_HOME", str(home.root))
+    monkeypatch.setenv("SECLAKE_MAX_QUARANTINE_RATIO", "abc")
+    assert launch(["run_once_job"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "run_once_job: SECLAKE_MAX_QUARANTINE_RATIO must be a number, not 'abc'"]
+    assert not (home.root / "dagster").exists()  # no run was made, no Spark started
+
+
 def test_a_job_launched_from_a_shell_without_dagster_home_is_recorded_in_the_homes_instance(tmp_path):
     """Dagster itself refuses a run without DAGSTER_HOME, in a screenful; the home's instance is
     where `seclake demo` records its run and docs/dagster.md starts the UI."""
