@@ -33,7 +33,7 @@ from pipelines import environment
 from pipelines.lake.registry import Lake
 from pipelines.parsers.sources import silver_feeds
 from pipelines.query import Stage
-from pipelines.settings import MAX_DAYS, MAX_QUARANTINE_RATIO
+from pipelines.settings import MAX_DAYS, MAX_QUARANTINE_RATIO, QUARANTINE_WINDOW_HOURS
 from pipelines.stages import own_tables
 
 QUALITY_LAYERS = ("silver", "enriched")
@@ -57,7 +57,7 @@ class ExpectationsConfig(Config):
 class QuarantineRatioConfig(Config):
     max_ratio: float = Field(default_factory=max_quarantine_ratio,
                              description="largest allowed quarantined / (good + quarantined) per source")
-    window_hours: float | None = Field(default=24.0, gt=0, le=MAX_DAYS * 24, allow_inf_nan=False,
+    window_hours: float | None = Field(default=QUARANTINE_WINDOW_HOURS, gt=0, le=MAX_DAYS * 24, allow_inf_nan=False,
                                        description=f"count lines ingested in the last N hours (above 0, at most "
                                                    f"{MAX_DAYS * 24}); None: all")
 

@@ -87,8 +87,8 @@ def rules_dir() -> Path | None:
 
 # What Spark takes: checked here, since Spark's own refusal of a bad value is a JVM that exits
 # before it says anything ("Java gateway process exited"), or an error after its start.
-_MASTER = re.compile(r"local(\[(\*|\d+)(\s*,\s*\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+")
-_MEMORY = re.compile(r"\d+([kmgtp]b?|b)?", re.IGNORECASE)
+_MASTER = re.compile(r"local(\[(\*|[1-9]\d*)(\s*,\s*\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+")
+_MEMORY = re.compile(r"[1-9]\d*[kmgt]", re.IGNORECASE)  # the JVM's -Xmx: a unit, no "gb"
 LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
 
@@ -120,7 +120,8 @@ def driver_memory() -> str | None:
 
 def spark_log_level() -> str | None:
     """`$SECLAKE_SPARK_LOG_LEVEL`, if set (e.g. WARN or INFO to see Spark's own logging): one of `LOG_LEVELS`."""
-    return _checked("SECLAKE_SPARK_LOG_LEVEL", lambda v: v.upper() in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}")
+    value = _checked("SECLAKE_SPARK_LOG_LEVEL", lambda v: v.upper() in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}")
+    return value.upper() if value else None
 
 
 def dagster_env() -> str | None:

@@ -167,7 +167,8 @@ def _run(args: argparse.Namespace, started: float) -> int:
     from pipelines.terminal import Progress
 
     try:
-        out = Home.resolve(args.out).folder().root
+        out = args.out or Home.resolve(None).root
+        Home(Path(out)).folder()  # only landing/ is written: the lake's settings are not asked
         hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)
         with Progress("generate", total=hours) as progress:
             manifest = generate(

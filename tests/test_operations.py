@@ -482,11 +482,12 @@ def test_retention_keeps_raw_lines_the_quarantine_check_counts_and_ages_unparsed
     schema = lake.spec("bronze_zeek").schema
     row = {name: None for name in schema.fieldNames()}
     today = date(2026, 3, 1)  # cutoff 2026-01-30 with 30 days
-    lines = {"old, read long ago": (date(2026, 1, 1), datetime(2026, 1, 2)),
-             "old, read yesterday": (date(2026, 1, 1), datetime(2026, 2, 28, 6)),
-             "unparsed, read long ago": (None, datetime(2026, 1, 2)),
-             "unparsed, read yesterday": (None, datetime(2026, 2, 28, 6)),
-             "new": (date(2026, 2, 27), datetime(2026, 2, 27, 6))}
+    utc = timezone.utc  # a naive time would be read in the machine's zone
+    lines = {"old, read long ago": (date(2026, 1, 1), datetime(2026, 1, 2, tzinfo=utc)),
+             "old, read yesterday": (date(2026, 1, 1), datetime(2026, 2, 28, 6, tzinfo=utc)),
+             "unparsed, read long ago": (None, datetime(2026, 1, 2, tzinfo=utc)),
+             "unparsed, read yesterday": (None, datetime(2026, 2, 28, 6, tzinfo=utc)),
+             "new": (date(2026, 2, 27), datetime(2026, 2, 27, 6, tzinfo=utc))}
     rows = [{**row, "raw": name, "event_date": day, "ingest_time": read} for name, (day, read) in lines.items()]
     spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(lake.path("bronze_zeek")))
     done = {s.target: s for s in apply_retention(spark, lake, Settings(retention_bronze_days=30), today=today)}

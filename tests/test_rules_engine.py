@@ -27,7 +27,7 @@ from pipelines.rules.engine import (
     start_rule,
     stop_rule,
 )
-from pipelines.rules.spec import RuleError, validate_rule
+from pipelines.rules.spec import RuleError, query_name, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, RULE_LATE_ROWS_ID, table_schema
 from pipelines.rules.testing import expand_rows
 from pipelines.settings import Settings
@@ -192,7 +192,7 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
     shutil.copy(DGA, tmp_path / "rules" / "dns" / DGA.name)
     (tmp_path / "rules" / "dns" / "broken.sql").write_text("/* name: x */ SELECT 1")
     stages = {s.name: s.start for s in rule_stages(tmp_path / "rules")}
-    assert list(stages) == ["rule_dga_nxdomain_burst", "rule_broken"]
+    assert list(stages) == ["rule_broken", "rule_dga_nxdomain_burst"]  # by name, the invalid file among them
     failed = stages["rule_broken"](spark, lake, Settings(), AVAILABLE_NOW)
     assert isinstance(failed.query, StoppedQuery) and "missing or empty" in str(failed.query.exception())
     assert "FAILED" in report(failed, time.monotonic()).line()
@@ -213,8 +213,6 @@ def test_invalid_rules_become_failed_stages_and_checkpoints_refuse_changed_logic
 
 
 def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdict_ends(spark, tmp_path, lake):
-    import os
-
     from pipelines.rules.status import rule_status
 
     folder = tmp_path / "rules" / "dns"
@@ -237,21 +235,29 @@ def test_a_copy_with_the_deployed_rules_id_is_refused_and_a_stale_invalid_verdic
     assert rule_status(spark, lake).get(rule.slug, rule.content_hash).state == "ok"
 
 
-def test_a_file_refused_for_its_duplicate_name_is_a_stage_of_its_own(tmp_path):
+def test_a_file_refused_for_its_duplicate_name_is_a_stage_of_its_own(spark, tmp_path, lake):
     # Both were stages named rule_dns_tunneling: run-once listed the name twice.
+    from pipelines.rules.status import rule_status
+
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     shutil.copy(TUNNEL, tmp_path / "a" / TUNNEL.name)
     other = re.sub(r"(?m)^id: .*$", "id: 11111111-2222-4333-8444-555555555555", TUNNEL.read_text())
     (tmp_path / "b" / TUNNEL.name).write_text(other)
     os.utime(tmp_path / "b" / TUNNEL.name, (time.time() + 60, time.time() + 60))
-    assert [s.name for s in rule_stages(tmp_path)] == ["rule_b_dns_tunneling", "rule_dns_tunneling"]
+    stages = {s.name: s.start for s in rule_stages(tmp_path)}
+    assert list(stages) == ["rule_b_dns_tunneling", "rule_dns_tunneling"]
+    refused = stages["rule_b_dns_tunneling"](spark, lake, Settings(), AVAILABLE_NOW)
+    assert refused.name == "rule_b_dns_tunneling" and "duplicate rule file name" in str(refused.query.exception())
+    # Health is kept per file name: the refused file's would have been the deployed rule's.
+    assert "dns_tunneling" not in rule_status(spark, lake).all()
 
 
-def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spark, tmp_path, lake):
+@pytest.mark.parametrize("copy", ["dns/zz_draft.sql", "custom/dga_nxdomain_burst.sql"])
+def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spark, tmp_path, lake, copy):
     # By file times alone the edited original was the newer file: refused, while the copy started
-    # as a second query with the same rule id.
-    import os
+    # as a second query with the same rule id (or, under the same file name, took the rule's query).
+    from pipelines.rules.status import rule_status
 
     folder = tmp_path / "rules" / "dns"
     folder.mkdir(parents=True)
@@ -263,17 +269,22 @@ def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spa
     try:
         assert manager.sync(spark, lake, Settings(), {"processingTime": "2 seconds"}, running).started == [
             "rule_dga_nxdomain_burst"]
-        shutil.copy(original, folder / "zz_draft.sql")
+        (tmp_path / "rules" / copy).parent.mkdir(exist_ok=True)
+        shutil.copy(original, tmp_path / "rules" / copy)
         original.write_text(original.read_text().replace("severity: medium", "severity: high"))
         os.utime(original, (time.time() + 60, time.time() + 60))
         synced = manager.sync(spark, lake, Settings(), {"processingTime": "2 seconds"}, running)
         assert synced.restarted == ["rule_dga_nxdomain_burst"] and not synced.started, synced
-        assert synced.invalid["rule_zz_draft"].endswith(
+        refused = query_name(Path(copy).with_suffix("").as_posix() if Path(copy).stem == original.stem
+                             else Path(copy).stem)
+        assert synced.invalid[refused].endswith(
             f"the id of the running {original}: give this rule an id of its own "
             "(python -c 'import uuid; print(uuid.uuid4())')"), synced.invalid
         rule_id = validate_rule(DGA).id
         [deployed] = [r for r in running if getattr(r.writer, "rule", None) and r.writer.rule.id == rule_id]
-        assert deployed.writer.rule.severity == "high"
+        assert deployed.writer.rule.severity == "high" and deployed.writer.rule.path == original
+        newest = rule_status(spark, lake).all().get("dga_nxdomain_burst")
+        assert newest is None or newest.content_hash == deployed.writer.content_hash, newest
     finally:
         for r in running:
             stop_rule(r)

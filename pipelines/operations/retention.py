@@ -93,7 +93,7 @@ def _apply(spark: SparkSession | None, lake: Lake, settings: Settings, dry_run: 
             continue
         if spark is None:
             raise ValueError("retention of tables needs a SparkSession")
-        condition = (_raw_lines(cutoff, today) if column == "event_date" and "ingest_time" in spec.schema.fieldNames()
+        condition = (_raw_lines(cutoff, today) if spec.layer == "bronze" and column == "event_date"
                      else f"{column} < DATE'{cutoff.isoformat()}'")
         old = lake.read(spark, name).where(condition).count()
         if old and not dry_run:

@@ -276,6 +276,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                               f"({', '.join(operations)}) change no data")
         return plan
     targets: dict[str, int | None] = {}
+    emptied_by: dict[str, list[str]] = {}  # a table -> the stages whose reset empties it (late_events has four)
     reasons: dict[str, str] = {}
     resets: dict[str, str] = {}  # stage -> why its checkpoint is deleted
     handled: set[str] = set()  # the stage whose steps the request itself decides
@@ -301,6 +302,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             resets[writer.name] = f"{table} is emptied; recomputed from its inputs"
             for name in writer.writes:
                 if lake.exists(name):
+                    emptied_by[name] = [writer.name]
                     targets[name] = None
                     reasons[name] = "requested" if name == table else f"{writer.name} is reset"
         elif batch is None:  # the stage appended nothing after it: its checkpoint and other tables stay
@@ -337,7 +339,6 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
               default=None)
     # Closure: reset readers of changed tables (--cascade) and co-writers of emptied shared tables.
     stale: dict[str, list[str]] = {}  # without --cascade: stage -> the changed tables it streams from
-    emptied_by: dict[str, list[str]] = {}  # a table -> the stages whose reset empties it (late_events has three)
     grew = True
     while grew:
         grew = False

@@ -651,7 +651,7 @@ def rule_stages(rules_dir: str | os.PathLike | None = None) -> list[Stage]:
     stages = [rule_stage(rule) for rule in pack.rules]
     for name, (path, reason) in invalid_names(root, pack).items():
         stages.append(Stage(name, reads=(), writes=(ALERTS_TABLE,),
-                            start=functools.partial(_start_invalid, path, reason)))
+                            start=functools.partial(_start_invalid, name, path, reason)))
     return sorted(stages, key=lambda stage: stage.name)  # an invalid file among the others, by name
 
 
@@ -669,11 +669,17 @@ def invalid_names(root: Path, pack: RulePack) -> dict[str, tuple[Path, str]]:
     return named
 
 
-def _start_invalid(path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
+def _start_invalid(name: str, path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
     content_hash = file_hash(path)
-    status = rule_status(spark, lake)
-    status.update(path.stem, content_hash, lambda h: h.invalid(reason))
-    return invalid_rule(query_name(path.stem), reason, content_hash)
+    if _own_name(name, path):
+        rule_status(spark, lake).update(path.stem, content_hash, lambda h: h.invalid(reason))
+    return invalid_rule(name, reason, content_hash)
+
+
+def _own_name(name: str, path: Path) -> bool:
+    """Whether the invalid file at `path` has the stage `name` of its file name: rule_status keeps
+    health per file name, and a file refused for another's name would overwrite that rule's."""
+    return name == query_name(path.stem)
 
 
 @dataclass
@@ -731,7 +737,8 @@ class RuleManager:
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         # A running rule keeps its id over a copy of its file, however the two files' times go.
         rules = [r.writer.rule for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))]
-        pack = scan_rules(self.rules_dir, deployed={rule.slug for rule in rules if rule is not None})
+        pack = scan_rules(self.rules_dir, deployed={rule.path.resolve() for rule in rules
+                                                    if rule is not None and rule.path is not None})
         valid = pack.by_slug()
         invalid = invalid_names(self.rules_dir, pack)
         status = rule_status(spark, lake)
@@ -839,7 +846,7 @@ class RuleManager:
         for name, (path, reason) in invalid.items():
             result.invalid[name] = reason
             digest = file_hash(path)
-            if name not in current:
+            if name not in current and _own_name(name, path):
                 status.update(path.stem, digest, functools.partial(RuleHealth.invalid, reason=reason))
             if self._logged.get(path) != (digest, reason):  # a file's new reason is news, its content unchanged
                 self._logged[path] = (digest, reason)

@@ -43,10 +43,10 @@ def rule_files(rules_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.rglob("*.sql") if not any(part.startswith(".") for part in p.parts))
 
 
-def scan_rules(rules_dir: str | os.PathLike, deployed: Collection[str] = ()) -> RulePack:
+def scan_rules(rules_dir: str | os.PathLike, deployed: Collection[Path] = ()) -> RulePack:
     """Validate every rule file under `rules_dir`; duplicates of an id or a file name are
-    errors of every file but one: a file named in `deployed` (the file names, without `.sql`, of
-    the rules a stream runs), else the oldest (by modification time, then path). So a rule copied to
+    errors of every file but one: a file in `deployed` (the resolved paths of the rules a stream
+    runs), else the oldest (by modification time, then path). So a rule copied to
     start a new one, its id not yet changed, is the one refused, not the deployed rule, even once
     the deployed file is edited after the copy was made.
 
@@ -57,7 +57,7 @@ def scan_rules(rules_dir: str | os.PathLike, deployed: Collection[str] = ()) -> 
     pack = RulePack()
     ids: dict[str, Path] = {}
     slugs: dict[str, Path] = {}
-    for path in sorted(rule_files(rules_dir), key=lambda p: (p.stem not in deployed, _modified(p), p)):
+    for path in sorted(rule_files(rules_dir), key=lambda p: (p.resolve() not in deployed, _modified(p), p)):
         try:
             rule = validate_rule(path)
         except RuleError as exc:
@@ -95,9 +95,9 @@ def duplicate_name(path: Path, slug: str, holder: object) -> str:
     return f"{path}: duplicate rule file name {slug!r} ({holder}): rename this file"
 
 
-def _elder(kept: Path, refused: Path, deployed: Collection[str]) -> str:
+def _elder(kept: Path, refused: Path, deployed: Collection[Path]) -> str:
     """How a duplicate's message names the file that keeps the id or name."""
-    if kept.stem in deployed:
+    if kept.resolve() in deployed:
         return f"the running {kept}"
     if _modified(kept) == _modified(refused):  # a copy that kept its time (cp -p, a checkout): path order
         return f"{kept} (same modification time; the first by path keeps it)"

@@ -394,6 +394,12 @@ _AFTER_COMMA = {TokenType.COMMA, TokenType.R_PAREN, TokenType.FROM, TokenType.WH
                 TokenType.HAVING, TokenType.ORDER_BY, TokenType.LIMIT, TokenType.SEMICOLON}
 
 
+# sqlglot's classes of the clauses it names by class when one is left empty ("Required keyword: 'this'
+# missing for <class '...Where'>"); another class's message is kept as sqlglot words it.
+_CLAUSES = {"Where": "WHERE", "Having": "HAVING", "Qualify": "QUALIFY", "Limit": "LIMIT", "Order": "ORDER BY",
+            "Group": "GROUP BY"}
+
+
 def _empty_list_item(sql: str) -> Token | None:
     """The comma of `sql` that leaves a list item empty, or None.
 
@@ -434,8 +440,8 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
             where, reason = f" at line {error['line'] + line_offset}, column {error['col']}", error["description"]
             # "Required keyword: 'this' missing for <class 'sqlglot.expressions.query.Where'>"
             missing = re.match(r"Required keyword: '\w+' missing for <class '[\w.]*\.(\w+)'>", reason)
-            if missing:
-                reason = f"{missing.group(1).upper()} has nothing after it"
+            if missing and missing.group(1) in _CLAUSES:
+                reason = f"{_CLAUSES[missing.group(1)]} has nothing after it"
         else:
             reason = str(exc).splitlines()[0]
         raise RuleError(f"the SQL does not parse{where}: {reason}{hint}") from None

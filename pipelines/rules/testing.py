@@ -125,9 +125,9 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
         for alert in expected:
             bad = [k for k in alert if k.removesuffix("_contains") not in ALERTS_SCHEMA.fieldNames()]
             if bad:
-                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns"
-                                f"{_hints(bad, ALERTS_SCHEMA.fieldNames())} (a rule's own columns are in "
-                                "`details`: check them with `details_contains`)")
+                hints = _hints([k.removesuffix("_contains") for k in bad], ALERTS_SCHEMA.fieldNames())
+                raise RuleError(f"{where}: expected alert column(s) {bad} are not alert columns{hints} (a rule's "
+                                "own columns are in `details`: check them with `details_contains`)")
         cases.append(Case(name, rows, expected))
     return cases
 
