@@ -37,7 +37,7 @@ from assets.tables import LAKE_POOL, RETRY_POLICY, run_metadata, shared_table_as
 from pipelines.lake.log import read_columns, tally
 from pipelines.lake.registry import Lake
 from pipelines.rules.pack import RulePack, default_rules_dir
-from pipelines.rules.spec import query_name
+from pipelines.rules.spec import RULE_QUERY_PREFIX, query_name
 from pipelines.rules.tables import ALERTS_TABLE
 
 RULES_GROUP = "rules"
@@ -221,15 +221,13 @@ def rule_assets(rules_dir: Path | str | None = None) -> list[AssetsDefinition]:
     folder = Path(rules_dir) if rules_dir else default_rules_dir()
     if not folder.is_dir():
         return []
+    from pipelines.rules.engine import invalid_names
+
     pack = scan(folder)
     assets = [rules_asset(pack.rules)] if pack.rules else []
-    taken = {r.slug for r in pack.rules}
-    for path, reason in sorted(pack.errors.items()):
-        slug = Path(path).stem
-        if slug in taken:  # a second file with a valid rule's name: key it apart
-            slug = next(f"{slug}_duplicate_{i}" for i in range(1, 1000) if f"{slug}_duplicate_{i}" not in taken)
-        taken.add(slug)
-        assets.append(invalid_rule_asset(path, reason, slug))
+    # Named as run-once's stage and the stream's query name the file (a duplicate name by its folder).
+    for name, (path, reason) in sorted(invalid_names(folder, pack).items()):
+        assets.append(invalid_rule_asset(path, reason, name.removeprefix(RULE_QUERY_PREFIX)))
     if ALERTS_TABLE in Lake.names():
         keys = [rule_key(r.slug) for r in pack.rules]
         assets.append(shared_table_asset(ALERTS_TABLE, keys, "one streaming query per rule file"))

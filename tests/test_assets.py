@@ -3,6 +3,7 @@ rule-file factory, Great Expectations checks, blocking and retry behaviour, stre
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -163,6 +164,12 @@ def test_adding_a_rule_file_adds_its_asset_on_reload(tmp_path):
     assert tables.table_key("end_of_input") in second.parent_keys
     broken = graph.get(AssetKey(["rules", "broken_rule"]))
     assert broken.description.startswith("INVALID rule file")
+    # A second file of a rule's name, in another folder: named by its folder, as run-once's stage is.
+    (rules_dir / "other").mkdir()
+    (rules_dir / "other" / "first_rule.sql").write_text(_rule_text("33333333-3333-4333-8333-333333333333"))
+    os.utime(rules_dir / "other" / "first_rule.sql", (time.time() + 60, time.time() + 60))
+    again = build_definitions(rules_dir=rules_dir).resolve_asset_graph().get(AssetKey(["rules", "other_first_rule"]))
+    assert again.description.startswith("INVALID rule file") and "duplicate rule file name" in again.description
     alerts = graph.get(tables.table_key("alerts"))
     assert {AssetKey(["rules", "first_rule"]), AssetKey(["rules", "second_rule"])} <= set(alerts.parent_keys)
 
