@@ -17,7 +17,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import sqlglot
 import yaml
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
@@ -400,15 +399,15 @@ _CLAUSES = {"Where": "WHERE", "Having": "HAVING", "Qualify": "QUALIFY", "Limit":
             "Group": "GROUP BY"}
 
 
-def _empty_list_item(sql: str) -> Token | None:
-    """The comma of `sql` that leaves a list item empty, or None.
+def _empty_list_item(tokens: list[Token]) -> Token | None:
+    """The comma among `tokens` (Spark's) that leaves a list item empty, or None.
 
-    >>> _empty_list_item("SELECT a FROM t GROUP BY a,\\n  , b").line  # the comma with nothing after it
+    >>> spark_sql = Dialect.get_or_raise("spark")
+    >>> _empty_list_item(spark_sql.tokenize("SELECT a FROM t GROUP BY a,\\n  , b")).line  # the first comma
     1
-    >>> _empty_list_item("SELECT f(a, b) FROM t") is None
+    >>> _empty_list_item(spark_sql.tokenize("SELECT f(a, b) FROM t")) is None
     True
     """
-    tokens = Dialect.get_or_raise("spark").tokenize(sql)
     for token, after in zip(tokens, [*tokens[1:], None]):
         if token.token_type == TokenType.COMMA and (after is None or after.token_type in _AFTER_COMMA):
             return token
@@ -427,8 +426,11 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
     quiet = logging.getLogger("sqlglot")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # sqlglot warns when it falls back to an opaque Command
+    spark_sql = Dialect.get_or_raise("spark")
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect="spark") if s is not None]
+        # Tokenised once, for the parser and for the empty list items it would drop.
+        tokens = spark_sql.tokenize(sql)
+        statements = [s for s in spark_sql.parser().parse(tokens, sql) if s is not None]
     except SqlglotError as exc:
         hint = ""
         if re.search(r"GROUP\s+BY\s+window\s*\(", sql, re.IGNORECASE):
@@ -449,7 +451,7 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
         quiet.setLevel(level)
     if len(statements) != 1:
         raise RuleError(f"exactly one SQL statement expected after the metadata, found {len(statements)}")
-    empty = _empty_list_item(sql)
+    empty = _empty_list_item(tokens)
     if empty is not None:
         raise RuleError(f"the SQL does not parse at line {empty.line + line_offset}, column {empty.col}: "
                         "a list item left empty (a comma with nothing after it)")
