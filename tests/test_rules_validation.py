@@ -76,10 +76,13 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("cache_table", "CACHE TABLE silver_dns", "only a read-only SELECT"),
     ("second_statement", f"{VALID_SQL}; DROP TABLE alerts", "exactly one SQL statement expected"),
     ("unparseable", "SELECT src_ip FROM enriched_dns WHERE (", "does not parse"),
-    # sqlglot read these two as valid (the empty item dropped), Spark refuses them.
+    # sqlglot read these as valid (an empty item dropped, an empty list kept), Spark refuses them.
     ("empty_group_item", f"SELECT {COLUMNS} FROM enriched_dns {GROUP.replace(', ', ',, ', 1)}",
      "a list item left empty"),
     ("trailing_select_comma", f"SELECT {COLUMNS}, FROM enriched_dns {GROUP}", "a list item left empty"),
+    ("empty_select", f"SELECT DISTINCT FROM enriched_dns {GROUP}", "column 6: SELECT has nothing after it"),
+    ("empty_group_by", f"SELECT {COLUMNS} FROM enriched_dns GROUP BY HAVING count(*) > 1",
+     "GROUP BY has nothing after it"),
     ("where_where", f"SELECT {COLUMNS} FROM enriched_dns WHERE WHERE rcode_name = 'NXDOMAIN' {GROUP}",
      "WHERE has nothing after it"),
     ("unknown_table", f"SELECT {COLUMNS} FROM secrets {GROUP}", "unknown table 'secrets'"),

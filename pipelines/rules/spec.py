@@ -387,10 +387,15 @@ def _check_metadata(meta: dict) -> dict:
     return meta
 
 
-# What may not follow a comma in Spark's grammar. sqlglot drops the empty item (`GROUP BY a,, b`
-# reads as `GROUP BY a, b`), where Spark refuses the query.
-_AFTER_COMMA = {TokenType.COMMA, TokenType.R_PAREN, TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY,
-                TokenType.HAVING, TokenType.ORDER_BY, TokenType.LIMIT, TokenType.SEMICOLON}
+# What may not follow a comma, SELECT (its DISTINCT or ALL) or GROUP BY in Spark's grammar: the
+# clause's list would be empty. sqlglot drops an empty item (`GROUP BY a,, b` reads as `GROUP BY a,
+# b`) and keeps an empty SELECT or GROUP BY, where Spark refuses the query.
+_ENDS_LIST = {TokenType.COMMA, TokenType.R_PAREN, TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY,
+              TokenType.HAVING, TokenType.ORDER_BY, TokenType.LIMIT, TokenType.SEMICOLON, TokenType.UNION,
+              TokenType.EXCEPT, TokenType.INTERSECT, TokenType.QUALIFY, TokenType.WITH,
+              TokenType.CLUSTER_BY, TokenType.DISTRIBUTE_BY, TokenType.SORT_BY}
+_LISTS = {TokenType.COMMA: "a list item left empty (a comma with nothing after it)",
+          TokenType.SELECT: "SELECT has nothing after it", TokenType.GROUP_BY: "GROUP BY has nothing after it"}
 
 
 # sqlglot's classes of the clauses it names by class when one is left empty ("Required keyword: 'this'
@@ -399,18 +404,30 @@ _CLAUSES = {"Where": "WHERE", "Having": "HAVING", "Qualify": "QUALIFY", "Limit":
             "Group": "GROUP BY"}
 
 
-def _empty_list_item(tokens: list[Token]) -> Token | None:
-    """The comma among `tokens` (Spark's) that leaves a list item empty, or None.
+def _empty_list(tokens: list[Token]) -> tuple[Token, str] | None:
+    """The token among `tokens` (Spark's) that leaves a list empty (a comma, SELECT or GROUP BY with
+    no item after it) and why, or None.
 
     >>> spark_sql = Dialect.get_or_raise("spark")
-    >>> _empty_list_item(spark_sql.tokenize("SELECT a FROM t GROUP BY a,\\n  , b")).line  # the first comma
-    1
-    >>> _empty_list_item(spark_sql.tokenize("SELECT f(a, b) FROM t")) is None
+    >>> token, why = _empty_list(spark_sql.tokenize("SELECT a FROM t GROUP BY a,\\n  , b"))  # the first comma
+    >>> token.line, why
+    (1, 'a list item left empty (a comma with nothing after it)')
+    >>> _empty_list(spark_sql.tokenize("SELECT DISTINCT FROM t"))[1]
+    'SELECT has nothing after it'
+    >>> _empty_list(spark_sql.tokenize("SELECT a FROM t GROUP BY ORDER BY a"))[1]
+    'GROUP BY has nothing after it'
+    >>> _empty_list(spark_sql.tokenize("SELECT f(a, b) FROM t GROUP BY ALL")) is None
     True
     """
-    for token, after in zip(tokens, [*tokens[1:], None]):
-        if token.token_type == TokenType.COMMA and (after is None or after.token_type in _AFTER_COMMA):
-            return token
+    for i, token in enumerate(tokens):
+        if token.token_type not in _LISTS:
+            continue
+        after = i + 1
+        if token.token_type == TokenType.SELECT and after < len(tokens) and tokens[after].token_type in (
+                TokenType.DISTINCT, TokenType.ALL):
+            after += 1
+        if after == len(tokens) or tokens[after].token_type in _ENDS_LIST:
+            return token, _LISTS[token.token_type]
     return None
 
 
@@ -428,7 +445,7 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
     quiet.setLevel(logging.ERROR)  # sqlglot warns when it falls back to an opaque Command
     spark_sql = Dialect.get_or_raise("spark")
     try:
-        # Tokenised once, for the parser and for the empty list items it would drop.
+        # Tokenised once, for the parser and for the empty lists it would let through.
         tokens = spark_sql.tokenize(sql)
         statements = [s for s in spark_sql.parser().parse(tokens, sql) if s is not None]
     except SqlglotError as exc:
@@ -451,10 +468,10 @@ def parse_single_select(sql: str, *, line_offset: int = 0) -> exp.Expression:
         quiet.setLevel(level)
     if len(statements) != 1:
         raise RuleError(f"exactly one SQL statement expected after the metadata, found {len(statements)}")
-    empty = _empty_list_item(tokens)
+    empty = _empty_list(tokens)
     if empty is not None:
-        raise RuleError(f"the SQL does not parse at line {empty.line + line_offset}, column {empty.col}: "
-                        "a list item left empty (a comma with nothing after it)")
+        token, why = empty
+        raise RuleError(f"the SQL does not parse at line {token.line + line_offset}, column {token.col}: {why}")
     tree = statements[0]
     if not isinstance(tree, (exp.Select, exp.Union)):
         first = tree.sql(dialect="spark")[:40]
