@@ -73,7 +73,7 @@ def cmd_run_once(args: argparse.Namespace) -> int:
         reports = run_once(start_spark, lake, settings, only=args.only or None, on_report=on_report)
     if not args.json:
         print_table(REPORT_COLUMNS, [r.cells() for r in reports])
-    return 1 if any(r.error for r in reports) else 0
+    return 1 if any(r.error or r.disabled for r in reports) else 0
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
@@ -310,19 +310,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"seclake {args.command}: {error_summary(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"seclake {args.command}: interrupted{_interrupted_hint(args)}", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # A command that leaves work half done says what finishes it (`KeyboardInterrupt(what)`).
+        print(f"seclake {args.command}: interrupted" + (f"; {exc}" if str(exc) else ""), file=sys.stderr)
         return 130
-
-
-def _interrupted_hint(args: argparse.Namespace) -> str:
-    """What to do after a Ctrl-C: a rollback left half done is finished by the same command."""
-    if args.command != "rollback":
-        return ""
-    from pipelines.operations.running import PENDING, pending_command
-
-    home = Home.resolve(args.home)
-    return f"; `{pending_command(home)}` finishes it" if (home.root / PENDING).exists() else ""
 
 
 def run() -> None:

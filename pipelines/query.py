@@ -242,10 +242,12 @@ class StoppedQuery:
     end-of-input mark, written directly. Inactive, so reports and `jobs.stream` treat it like a
     query that ended (with `error`, failed)."""
 
-    def __init__(self, name: str, error: BaseException | None = None, note: str | None = None) -> None:
+    def __init__(self, name: str, error: BaseException | None = None, note: str | None = None,
+                 disabled: bool = False) -> None:
         self.name = name
         self.error = error
         self.note = note
+        self.disabled = disabled
         self.id = None
         self.isActive = False
         self.recentProgress: list = []
@@ -470,6 +472,9 @@ class QueryReport:
     read: dict[str, int] = field(default_factory=dict)
     # Why the stage did not run: a disabled rule, one backing off, no input table yet.
     note: str | None = None
+    # A rule held back until `seclake rules enable`: run-once exits 1 for it on every run, not only
+    # on the run that disabled it, as `seclake rules status` does.
+    disabled: bool = False
 
     def line(self) -> str:
         """One line for the terminal (progress, logs).
@@ -561,6 +566,7 @@ def report(running: RunningQuery, started: float) -> QueryReport:
     if exc is not None:
         rep.error = error_summary(exc)
     rep.note = getattr(running.query, "note", None)
+    rep.disabled = getattr(running.query, "disabled", False)
     if rep.note is None and rep.error is None and not rep.batches:
         # A stream's report while its first micro-batch runs would otherwise read "nothing written".
         status = getattr(running.query, "status", None)

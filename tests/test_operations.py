@@ -330,15 +330,15 @@ def test_run_once_refuses_while_a_stream_runs_on_the_home(spark, tmp_path):
 def test_a_rollback_stopped_by_ctrl_c_says_the_command_that_finishes_it(tmp_path, monkeypatch, capsys):
     # It printed only "interrupted"; the next run-once named the command, the rollback itself did not.
     from pipelines import cli
-    from pipelines.operations import cli as operations_cli
+    from pipelines.operations import rollback
 
     home = Home.resolve(tmp_path / "home").create()
 
-    def stopped_half_way(args):
+    def stopped_half_way(*args, **kwargs):
         (home.root / PENDING).write_text(json.dumps({"command": "seclake rollback silver_dns --to-version 3"}))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(operations_cli, "cmd_rollback", stopped_half_way)
+    monkeypatch.setattr(rollback, "rollback", stopped_half_way)
     assert cli.main(["rollback", "silver_dns", "--to-version", "3", "--home", str(home.root)]) == 130
     assert capsys.readouterr().err == ("seclake rollback: interrupted; `seclake rollback silver_dns --to-version 3` "
                                        "finishes it\n")

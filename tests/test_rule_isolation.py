@@ -60,7 +60,8 @@ def states(spark, lake: Lake, rule: str) -> list[str]:
     return [r.state for r in rows]
 
 
-def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_enabled(spark, tmp_path, lake):
+def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_enabled(spark, tmp_path, lake,
+                                                                                        monkeypatch):
     append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a"),
                                             {"event_time": "2026-11-20 12:00:00", "query": "x.example.com"}], HOST_A)
     bad_file = casting_rule(tmp_path)
@@ -88,6 +89,10 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
     assert states(spark, lake, bad.slug) == [FAILING, DISABLED]
     disabled = run_all(spark, lake, [bad], QUICK)[0]
     assert disabled.error is None and disabled.note.startswith("disabled after 2 failure(s) in a row"), disabled.line()
+    # run-once exits 1 on every run while it stays disabled, not only on the run that disabled it.
+    home = ["--home", str(lake.home.root), "--rules", str(bad_file.parent)]
+    monkeypatch.setenv("SECLAKE_RULES", str(bad_file.parent))  # run-once sets it; undone after the test
+    assert disabled.disabled and main(["run-once", *home, "--only", bad.query_name]) == 1
 
     # One platform alert says which rule stopped detecting; the DGA alert is still the only other one.
     rows = lake.read(spark, "alerts").collect()
@@ -106,7 +111,6 @@ def test_a_rule_failing_at_run_time_backs_off_is_disabled_with_an_alert_and_re_e
     assert results[rule_key(good.slug)].passed and len(results) == 2
 
     # `seclake rules status` exits 1 while a rule is disabled; `enable` brings it back, once.
-    home = ["--home", str(lake.home.root), "--rules", str(bad_file.parent)]
     assert main(["rules", "status", *home]) == 1
     assert main(["rules", "enable", bad.slug, *home]) == 0
     assert RuleStatus(spark, lake).get(bad.slug, bad.content_hash).state == OK

@@ -77,9 +77,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             progress[0].working_on("starting Spark")
             return get_spark(app_name="seclake-rollback")
 
-        plan = rollback(start_spark, lake, args.table, None if args.empty else args.to_version,
-                        cascade=args.cascade, dry_run=args.dry_run, on_plan=show,
-                        on_step=lambda step: progress[0].step(step.done()))
+        try:
+            plan = rollback(start_spark, lake, args.table, None if args.empty else args.to_version,
+                            cascade=args.cascade, dry_run=args.dry_run, on_plan=show,
+                            on_step=lambda step: progress[0].step(step.done()))
+        except KeyboardInterrupt:
+            from pipelines.operations.running import PENDING, pending_command
+
+            if (lake.home.root / PENDING).exists():  # `seclake` says it after "interrupted"
+                raise KeyboardInterrupt(f"`{pending_command(lake.home)}` finishes it") from None
+            raise
     print("dry run: nothing changed" if args.dry_run else
           "done: the next `seclake run-once` reprocesses from here" if plan.steps() else "nothing changed")
     return 0

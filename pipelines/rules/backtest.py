@@ -216,8 +216,7 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
     `seclake rules backtest` prints `"\\n".join(backtest(spark, lake, rule, ground_truth=...).lines())`;
     it needs a populated lake (tests/test_rules_e2e.py runs it over a generated day).
     """
-    if start and end and start >= end:
-        raise ValueError(f"--from {start} must be before --to {end}")
+    check_range(start, end)
     result = Backtest(rule, start, end, _collect(spark, lake, rule, start, end))
     if ground_truth is not None:
         incidents = [i for i in load_ground_truth(ground_truth)
@@ -244,8 +243,7 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
     range that cuts a window in two sees only part of its events: give whole windows (`--from`
     and `--to` on window boundaries, or whole days).
     """
-    if start and end and start >= end:
-        raise ValueError(f"--from {start} must be before --to {end}")
+    check_range(start, end)
     command = f"add {rule.slug}'s missing alerts"
     refuse_while_rolling_back(lake.home, command)
     found = run_batch(spark, rule, _loader(lake, rule, start, end)).drop("match_key").persist()
@@ -269,6 +267,20 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
 
 def _collect(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None, end: datetime | None) -> list[dict]:
     return collect_alerts(mark(run_batch(spark, rule, _loader(lake, rule, start, end)), lake))
+
+
+def check_range(start: datetime | None, end: datetime | None, typed: tuple[str, str] | None = None) -> None:
+    """Refuse a range whose start is not before its end, naming the bounds as typed when given
+    (a date typed for `--to` means its day's end).
+
+    >>> check_range(datetime(2026, 11, 21), datetime(2026, 11, 20, 23, 59, 59), typed=("2026-11-21", "2026-11-20"))
+    Traceback (most recent call last):
+    ...
+    ValueError: --from 2026-11-21 must be before --to 2026-11-20
+    """
+    if start and end and start >= end:
+        shown = typed or (start, end)
+        raise ValueError(f"--from {shown[0]} must be before --to {shown[1]}")
 
 
 def check_tables(lake: Lake, rule: Rule) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.rules.pack import RulePack, default_rules_dir, duplicate_id, duplicate_name, scan_rules
-from pipelines.rules.spec import Rule, RuleError, validate_rule
+from pipelines.rules.spec import LOGIC, Rule, RuleError, validate_rule
 
 
 def add_commands(sub: argparse._SubParsersAction, home_arg: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -177,8 +177,8 @@ def _check_against(rule: Rule, pack: RulePack | None) -> Path | None:
             raise RuleError(f"{rule.path}: v{rule.version} is older than v{replaced.version} of {replaced.path}: "
                             f"a new text of it takes a version past {replaced.version}")
         if rule.version == replaced.version and rule.logic_hash != replaced.logic_hash:
-            raise RuleError(f"{rule.path}: its SQL, event time, watermark, window, keys or emit differ from "
-                            f"{replaced.path} under the same v{rule.version}: bump `version`")
+            raise RuleError(f"{rule.path}: its {LOGIC} differ from {replaced.path} under the same "
+                            f"v{rule.version}: bump `version`")
         return replaced.path
     for other in others:
         if rule.id == other.id:
@@ -241,6 +241,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from pipelines.rules.backtest import (
         GROUND_TRUTH,
         backtest,
+        check_range,
         check_tables,
         load_ground_truth,
         parse_when,
@@ -272,8 +273,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         refuse_while_rolling_back(home, f"add {rule.slug}'s missing alerts")
     start = parse_when(args.start) if args.start else None
     end = parse_when(args.end, end_of_day=True) if args.end else None
-    if start and end and start >= end:  # said before Spark starts, as typed (a date --to means its day's end)
-        raise ValueError(f"--from {args.start} must be before --to {args.end}")
+    check_range(start, end, typed=(args.start, args.end))  # said before Spark starts
     check_tables(Lake(home), rule)  # said before Spark starts
     with Progress("backtest", total=2 + bool(args.write)) as progress:
         progress.working_on("starting Spark")

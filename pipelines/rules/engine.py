@@ -61,7 +61,7 @@ from pipelines.query import (
 from pipelines.rules.alerts import alert_frame, detected, unseen
 from pipelines.rules.health import DISABLED, FAILING, INVALID, RuleHealth
 from pipelines.rules.pack import RulePack, default_rules_dir, scan_rules
-from pipelines.rules.spec import Rule, RuleError, query_name
+from pipelines.rules.spec import LOGIC, Rule, RuleError, query_name
 from pipelines.rules.status import (
     RuleStatus,
     append_platform_alerts,
@@ -370,8 +370,7 @@ def logic_changed(checkpoint: Path, rule: Rule) -> str | None:
         return None
     if newest(checkpoint) is None:
         return None  # nothing was written under it: an edit that failed to start and its fix share the version
-    return (f"rule {rule.slug} v{rule.version}: its SQL, event time, watermark, window, keys or emit changed "
-            f"since {checkpoint} was made; "
+    return (f"rule {rule.slug} v{rule.version}: its {LOGIC} changed since {checkpoint} was made; "
             "bump `version` (a new version gets a new checkpoint)")
 
 
@@ -434,7 +433,8 @@ def start_rule(spark: SparkSession, lake: Lake, settings: Settings, trigger: dic
                 log.error("rule %s did not start: %s", rule.slug, health.reason)
             return invalid_rule(rule.query_name, health.reason or "invalid", rule.content_hash)
         if not health.may_start(utc_now()):
-            return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health)),
+            return RunningQuery(rule.query_name, StoppedQuery(rule.query_name, note=held_back(health),
+                                                              disabled=health.state == DISABLED),
                                 IdleWriter(rule, rule.content_hash), (ALERTS_TABLE,))
         missing = [t for t in rule.tables if not lake.exists(t)]
         if missing:
