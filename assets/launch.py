@@ -53,15 +53,16 @@ def launch(job_name: str, tags: dict[str, str]) -> int:
     job = defs.resolve_job_def(job_name)
     lake = resources_for_environment()["lake"]
     assert isinstance(lake, LakeResource)
-    if job_name in LAKE_JOBS:
-        # Said at once: the run's first op would say it too, after Spark and Dagster's set-up (~20 s).
-        try:
+    # Said at once: the run's first op would say it too, after Spark and Dagster's set-up (~20 s).
+    try:
+        environment.check_spark_variables()
+        if job_name in LAKE_JOBS:
             refuse_while_streaming(lake.lake.home, f"a {job_name} run")
-            if job_name == RUN_ONCE_JOB:
-                max_quarantine_ratio()  # a bad value is said now, not by the check after the ETL ran
-        except (RuntimeError, ValueError) as err:  # ValueError: a home recorded with another lake, a bad ratio
-            print(f"{job_name}: {err}", file=sys.stderr)
-            return 1
+        if job_name == RUN_ONCE_JOB:
+            max_quarantine_ratio()  # a bad value is said now, not by the check after the ETL ran
+    except (RuntimeError, ValueError) as err:  # ValueError: a bad variable, a home recorded with another lake
+        print(f"{job_name}: {err}", file=sys.stderr)
+        return 1
     # Dagster reads the variable itself, and without it refuses in a screenful: the home's instance,
     # as `seclake demo` uses and docs/dagster.md starts the UI on, is the one to record the run in.
     os.environ["DAGSTER_HOME"] = str(dagster_instance(environment.dagster_home() or lake.lake.home.dagster))

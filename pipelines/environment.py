@@ -124,6 +124,14 @@ def spark_log_level() -> str | None:
     return value.upper() if value else None
 
 
+def check_spark_variables() -> None:
+    """ValueError naming the first bad `SECLAKE_SPARK_MASTER`, `SECLAKE_DRIVER_MEMORY` or
+    `SECLAKE_SPARK_LOG_LEVEL`: for a command that starts Spark later, after other set-up."""
+    spark_master()
+    driver_memory()
+    spark_log_level()
+
+
 def dagster_env() -> str | None:
     """`$SECLAKE_ENV`, if set."""
     return _get("SECLAKE_ENV")

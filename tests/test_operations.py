@@ -386,16 +386,23 @@ def test_a_dagster_job_launched_from_a_shell_refuses_at_once_while_a_stream_runs
     assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 
 
-def test_a_dagster_job_launched_with_a_bad_quarantine_ratio_is_refused_before_it_runs(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("job", "variable", "value", "said"), [
     # It ran the ETL, then failed its quarantine check on the variable.
+    ("run_once_job", "SECLAKE_MAX_QUARANTINE_RATIO", "abc", "must be a number, not 'abc'"),
+    # The run's first step said these, after Dagster had set the run up.
+    ("maintenance_job", "SECLAKE_DRIVER_MEMORY", "4096", "must be a size such as 4g or 512m, not '4096'"),
+    ("retention_job", "SECLAKE_SPARK_MASTER", "bogus://x", "must be a Spark master such as local[*]"),
+])
+def test_a_dagster_job_launched_with_a_bad_variable_is_refused_before_it_runs(job, variable, value, said, tmp_path,
+                                                                              monkeypatch, capsys):
     from assets.launch import main as launch
 
     home = Home.resolve(tmp_path / "home").create()
     monkeypatch.setenv("SECLAKE_HOME", str(home.root))
-    monkeypatch.setenv("SECLAKE_MAX_QUARANTINE_RATIO", "abc")
-    assert launch(["run_once_job"]) == 1
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "run_once_job: SECLAKE_MAX_QUARANTINE_RATIO must be a number, not 'abc'"]
+    monkeypatch.setenv(variable, value)
+    assert launch([job]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{job}: {variable} {said}"), err
     assert not (home.root / "dagster").exists()  # no run was made, no Spark started
 
 
