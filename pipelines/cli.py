@@ -257,18 +257,22 @@ def _add_cluster_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     from pipelines.cluster import LocalCluster
+    from pipelines.servers import not_running
 
     cluster = LocalCluster(Home.resolve(args.home), args.port, args.workers, args.cores, args.memory)
     if args.cluster_command == "stop":
-        print("spark cluster stopped" if cluster.stop() else "spark cluster was not running")
+        print("spark cluster stopped" if cluster.stop() else not_running("spark cluster", cluster.home.root,
+                                                                         cluster.port, was=True))
         return 0
     if args.cluster_command == "start":
+        was = cluster.pids()
         cluster.start()
-        print(f"spark cluster up: {cluster.alive_workers()} worker(s), master UI {cluster.ui_url}, logs in "
+        state = "already running" if cluster.pids() == was else "up"  # a missing worker started: up
+        print(f"spark cluster {state}: {cluster.alive_workers()} worker(s), master UI {cluster.ui_url}, logs in "
               f"{cluster.folder}; to run on it:\n  export SECLAKE_SPARK_MASTER={cluster.master_url}")
         return 0
     if not cluster.pids():
-        print("spark cluster not running")
+        print(not_running("spark cluster", cluster.home.root, cluster.port))
         return 1
     alive = cluster.alive_workers()
     print(f"spark cluster running: {cluster.master_url}, {alive} worker(s) alive, master UI {cluster.ui_url}"

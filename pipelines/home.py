@@ -2,12 +2,15 @@
 
 The tables and checkpoints may live on object storage instead (`SECLAKE_LAKE=s3a://bucket/prefix`,
 docs/deploy.md): the home then records that location in its `lake` file, and a command on the home
-without that same `SECLAKE_LAKE` is refused (it would otherwise see, or start, another lake).
+without that same `SECLAKE_LAKE` is refused (it would otherwise see, or start, another lake). The lake
+records its home too (its `home` object): a second home is refused the prefix, whose checkpoints
+would take its landing files for the first home's and skip them.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +20,8 @@ from pipelines.objectstore.path import ObjectPath, check_reachable, configured_l
 
 DEFAULT_HOME = "seclake-home"
 LAKE_FILE = "lake"
+# In a lake on object storage: the home folder that recorded it.
+OWNER_FILE = "home"
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,20 @@ class Home:
     def resolve(cls, home: str | os.PathLike | None = None) -> "Home":
         """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute. Its lake is
         `$SECLAKE_LAKE`, else the home folder; a home that recorded another lake is a ValueError
-        naming both."""
+        naming both, and so is a URI, which would be made a local folder of that name.
+
+        >>> Home.resolve("s3a://lake/soc")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: home s3a://lake/soc: a home is a local folder; ... with SECLAKE_LAKE=s3a://lake/soc (docs/deploy.md)
+        """
         from pipelines import environment
 
-        root = Path(home or environment.home() or DEFAULT_HOME).expanduser().resolve()
+        given = str(home or environment.home() or DEFAULT_HOME)
+        if re.match(r"[A-Za-z][\w+.-]*://", given):
+            raise ValueError(f"home {given}: a home is a local folder; keep its tables on object storage with "
+                             f"SECLAKE_LAKE={given} (docs/deploy.md)")
+        root = Path(given).expanduser().resolve()
         lake = configured_lake()
         if not (root / LAKE_FILE).is_file():
             local = root / "tables"
@@ -154,11 +169,26 @@ class Home:
         unrecorded = self.lake if not (self.root / LAKE_FILE).exists() else None
         if unrecorded is not None:
             check_reachable(unrecorded)
+            self._claim(unrecorded)
         for d in (self.landing, self.tables, self.checkpoints, self.reference):
             d.mkdir(parents=True, exist_ok=True)
         if unrecorded is not None:
             (self.root / LAKE_FILE).write_text(f"{unrecorded}\n")
         return self
+
+    def _claim(self, lake: ObjectPath) -> None:
+        """Record this home in `lake`, unless another home did: a ValueError naming it. A home moved or
+        copied keeps its `lake` file and is not asked again."""
+        owner = lake / OWNER_FILE
+        if not owner.is_file():
+            owner.write_text(f"{self.root}\n")
+            return
+        recorded = owner.read_text().strip()
+        if recorded != str(self.root):
+            raise ValueError(f"the lake {lake} belongs to the home {recorded}: a second home there would share its "
+                             "checkpoints and skip its own logs as already read; give this home a prefix of its "
+                             f"own (SECLAKE_LAKE), or, if it replaces {recorded}, record the lake in it: "
+                             f"echo {lake} > {self.root / LAKE_FILE}")
 
 
 def dagster_instance(folder: str | os.PathLike) -> Path:

@@ -24,14 +24,27 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def not_running(what: str, home: Path, port: int, *, was: bool = False) -> str:
+    """What `stop` (`was`) or `status` says of `what`, a server `home` has not started: with the port
+    in use, that some other process serves it, as a server of another home does.
+
+    >>> not_running("s3 server", Path("/tmp/h"), free_port(), was=True)
+    's3 server of /tmp/h was not running'
+    """
+    busy = f" (port {port} is in use: a server of another home? give that --home)" if port_in_use(port) else ""
+    return f"{what} of {home} {'was not' if was else 'not'} running{busy}"
+
+
 def refused(addresses: str, timeout_s: float) -> str | None:
     """Why no address of `addresses` ('host:port,host:port') accepts a TCP connection
-    ('host:port: connection refused; ...'), or None when one does, or when an address does not
-    parse or times out (the client then decides): a server that is down, said before a client
-    retries it for a minute (a Kafka broker, a Spark master).
+    ('host:port: connection refused; ...', 'host:port: no such host'), or None when one does, or
+    when an address does not parse or times out (the client then decides): a server that is down
+    or a mistyped host, said before a client retries it for a minute (a Kafka broker, a Spark master).
 
     >>> refused(f"127.0.0.1:{free_port()}", 1.0).endswith("connection refused")
     True
+    >>> refused("sparkmaster.invalid:7077", 1.0)
+    'sparkmaster.invalid:7077: no such host'
     """
     reasons = []
     for address in (a.strip() for a in addresses.split(",") if a.strip()):
@@ -43,6 +56,8 @@ def refused(addresses: str, timeout_s: float) -> str | None:
             return None
         except ConnectionRefusedError:
             reasons.append(f"{address}: connection refused")
+        except socket.gaierror:
+            reasons.append(f"{address}: no such host")
         except OSError:
             return None
     return "; ".join(reasons) or None
@@ -76,7 +91,8 @@ def launch(command: list[str], *, name: str, port: int, pid_file: Path, output: 
     pid and wait until it accepts connections on `port`; a ServerError with the last line of
     `log` when it exits first, and stopped when it is not up within `timeout_s`."""
     if port_in_use(port):
-        raise ServerError(f"port {port} on 127.0.0.1 is taken by another program; choose another (--port)")
+        raise ServerError(f"port {port} on 127.0.0.1 is taken by another program (a seclake server of another "
+                          "home is one); choose another (--port)")
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

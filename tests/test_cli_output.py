@@ -217,6 +217,15 @@ def test_run_once_refuses_a_home_that_is_a_file(tmp_path):
     assert run.stderr == f"seclake run-once: home {tmp_path / 'afile'} is a file, not a folder\n", run.stderr
 
 
+def test_run_once_refuses_a_uri_for_its_home():
+    # It made a local folder ./s3a:/lake/newhome and ran on it, saying only that the home was new.
+    run = seclake("run-once", "--home", "s3a://lake/newhome")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == ("seclake run-once: home s3a://lake/newhome: a home is a local folder; keep its tables on "
+                          "object storage with SECLAKE_LAKE=s3a://lake/newhome (docs/deploy.md)\n"), run.stderr
+    assert not (REPO / "s3a:").exists()
+
+
 def test_generate_refuses_a_home_that_is_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
     run = seclake("generate", "--hours", "1", "--hosts", "2", "--home", str(tmp_path / "afile"))

@@ -28,6 +28,16 @@ def cluster(tmp_path_factory):
     started.stop()
 
 
+def test_cluster_start_on_the_running_cluster_says_it_was_running(cluster, capsys):
+    # It printed "spark cluster up", as for a cluster it had just started.
+    from pipelines.cli import main
+
+    pids = cluster.pids()
+    assert main(["cluster", "start", "--home", str(cluster.home.root), "--port", str(cluster.port)]) == 0
+    assert capsys.readouterr().out.startswith("spark cluster already running: 2 worker(s)")
+    assert cluster.pids() == pids
+
+
 def test_run_once_on_a_standalone_cluster_with_the_lake_on_s3_equals_a_local_run(
         on_server, cluster, small_input, local_reference, tmp_path):
     gen, manifest = small_input

@@ -131,10 +131,16 @@ def test_cli_starts_reports_and_stops_and_names_a_taken_port(tmp_path):
         taken = seclake("kafka", "start", "--port", port, home=tmp_path / "other")
         assert taken.returncode == 2 and f"port {port}" in taken.stderr and len(taken.stderr.splitlines()) == 1, \
             taken.stderr
+        # The other home did not start it: said so, with the port in use (it said only "not running").
+        other = seclake("kafka", "status", "--port", port, home=tmp_path / "other")
+        assert other.returncode == 1 and other.stdout.strip() == (
+            f"kafka broker of {tmp_path / 'other'} not running (port {port} is in use: a server of another "
+            "home? give that --home)"), other.stdout
     finally:
         stopped = seclake("kafka", "stop", "--port", port, home=home)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
-    assert seclake("kafka", "stop", "--port", port, home=home).stdout.strip() == "kafka broker was not running"
+    again = seclake("kafka", "stop", "--port", port, home=home)
+    assert again.stdout.strip() == f"kafka broker of {home} was not running", again.stdout
     assert seclake("kafka", "status", "--port", port, home=home).returncode == 1
 
 

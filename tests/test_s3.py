@@ -91,6 +91,27 @@ def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_pat
         Home.resolve(tmp_path / "local")
 
 
+def test_a_second_home_is_refused_the_lake_of_another(on_server, tmp_path, monkeypatch):
+    # It shared the first home's checkpoints: a run-once of its own logs (the generator's file names)
+    # said "nothing new", exit 0, and never read them.
+    lake = f"s3a://lake/shared-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("SECLAKE_LAKE", lake)
+    first = Home.resolve(tmp_path / "first").create()
+    with pytest.raises(ValueError, match=f"the lake {lake} belongs to the home {first.root}: .*"
+                                         f"echo {lake} > {tmp_path / 'second' / 'lake'}"):
+        Home.resolve(tmp_path / "second").create()
+    assert not (tmp_path / "second" / "lake").exists()
+    # The first home moved (its lake file with it), or made again where it was: still its lake.
+    shutil.copytree(first.root, tmp_path / "moved")
+    Home.resolve(tmp_path / "moved").create()
+    shutil.rmtree(first.root)
+    Home.resolve(first.root).create()
+    # A home that replaces the first records the lake itself, as the refusal says.
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "lake").write_text(f"{lake}\n")
+    Home.resolve(tmp_path / "second").create()
+
+
 def test_a_lake_that_cannot_be_reached_is_one_line_and_never_recorded(on_server, tmp_path, monkeypatch, capsys):
     from pipelines.cli import main
     from pipelines.servers import free_port
@@ -105,6 +126,12 @@ def test_a_lake_that_cannot_be_reached_is_one_line_and_never_recorded(on_server,
     with pytest.raises(ValueError, match=r"cannot reach the lake s3a://lake/seclake .*ACCESS_DENIED.*check SECLAKE_S3"):
         Home.resolve(home).create()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", on_server.environment()["AWS_SECRET_ACCESS_KEY"])
+    # An endpoint without its http:// fails as a TLS handshake, which names no scheme.
+    endpoint = on_server.environment()["SECLAKE_S3_ENDPOINT"]
+    monkeypatch.setenv("SECLAKE_S3_ENDPOINT", endpoint.removeprefix("http://"))
+    with pytest.raises(ValueError, match="; https is assumed without a scheme: http://... for a store on plain HTTP$"):
+        Home.resolve(home).create()
+    monkeypatch.setenv("SECLAKE_S3_ENDPOINT", endpoint)
     Home.resolve(home).create()  # the corrected settings are taken and recorded
     assert (home / "lake").read_text().strip() == "s3a://lake/seclake"
     # A store that does not answer: one line, not pyarrow's traceback.

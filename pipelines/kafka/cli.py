@@ -121,6 +121,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
 def cmd_kafka(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.kafka.broker import Broker
+    from pipelines.servers import not_running
 
     # A running broker is named by the port it listens on, not by --port's default.
     broker = Broker(Home.resolve(args.home), args.port).running()
@@ -141,9 +142,10 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         print(f"{sum(lag.values()):,} message(s) not yet in the lake from Kafka at {bootstrap}")
         return 0
     if args.kafka_command == "stop":
-        print("kafka broker stopped" if broker.stop() else "kafka broker was not running")
+        print("kafka broker stopped" if broker.stop() else not_running("kafka broker", broker.home.root, broker.port,
+                                                                       was=True))
         return 0
     pid = broker.pid()
     print(f"kafka broker running: bootstrap servers {broker.bootstrap}, pid {pid}" if pid
-          else "kafka broker not running")
+          else not_running("kafka broker", broker.home.root, broker.port))
     return 0 if pid else 1

@@ -238,8 +238,9 @@ class Shipper:
             self.failure = error.str()
         elif error.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN) and not self.away:
             self.away = True  # said once per outage; the lines wait in the producer's queue
-            log.warning("Kafka at %s is unreachable (%s); lines wait until it is back",
-                        self.bootstrap, error.str())
+            # librdkafka words this one "1/1 brokers are down", or "0/1" as its count moves.
+            why = "no broker answers" if error.code() == KafkaError._ALL_BROKERS_DOWN else error.str()
+            log.warning("Kafka at %s is unreachable (%s); lines wait until it is back", self.bootstrap, why)
 
     def _delivered(self, error: object, message: object) -> None:
         self.away = False

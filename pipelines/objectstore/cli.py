@@ -30,10 +30,12 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: HomeArg) -> None:
 def cmd_s3(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.objectstore.server import S3Server
+    from pipelines.servers import not_running
 
     server = S3Server(Home.resolve(args.home), args.port)
     if args.s3_command == "stop":
-        print("s3 server stopped" if server.stop() else "s3 server was not running")
+        print("s3 server stopped" if server.stop() else not_running("s3 server", server.home.root, server.port,
+                                                                   was=True))
         return 0
     if args.s3_command == "start":
         was = server.pid()
@@ -44,5 +46,6 @@ def cmd_s3(args: argparse.Namespace) -> int:
             print(f"  export {name}={value}")
         return 0
     pid = server.pid()
-    print(f"s3 server running: {server.endpoint}, pid {pid}" if pid else "s3 server not running")
+    print(f"s3 server running: {server.endpoint}, pid {pid}" if pid
+          else not_running("s3 server", server.home.root, server.port))
     return 0 if pid else 1

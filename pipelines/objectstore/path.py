@@ -208,7 +208,11 @@ def check_reachable(lake: ObjectPath) -> None:
     try:
         kind = client().get_file_info(bucket).type
     except OSError as exc:
-        raise ValueError(f"cannot reach the lake {lake} at {where}: {store_error(exc)}") from None
+        # A store on plain HTTP, its endpoint written without a scheme, fails as a TLS handshake.
+        endpoint = environment.s3_endpoint()
+        https = ("; https is assumed without a scheme: http://... for a store on plain HTTP"
+                 if endpoint and "://" not in endpoint else "")
+        raise ValueError(f"cannot reach the lake {lake} at {where}: {store_error(exc)}{https}") from None
     if kind == FileType.NotFound:
         raise ValueError(f"the lake {lake}: bucket {bucket!r} does not exist at {where}; create it, "
                          "or fix SECLAKE_LAKE")
