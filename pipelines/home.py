@@ -24,6 +24,31 @@ LAKE_FILE = "lake"
 OWNER_FILE = "home"
 
 
+def home_folder(home: str | os.PathLike | None = None) -> Path:
+    """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute. A URI is a ValueError: it
+    would be made a local folder of that name.
+
+    >>> home_folder("s3a://lake/soc")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: home s3a://lake/soc: a home is a local folder; ... with SECLAKE_LAKE=s3a://lake/soc (docs/deploy.md)
+    >>> home_folder("file:///tmp/h")
+    Traceback (most recent call last):
+    ...
+    ValueError: home file:///tmp/h: a home is a local folder, given as a path
+    """
+    from pipelines import environment
+
+    given = str(home or environment.home() or DEFAULT_HOME)
+    scheme = re.match(r"([A-Za-z][\w+.-]*)://", given)
+    if scheme and scheme.group(1) in ("s3a", "s3"):
+        raise ValueError(f"home {given}: a home is a local folder; keep its tables on object storage with "
+                         f"SECLAKE_LAKE={given} (docs/deploy.md)")
+    if scheme:
+        raise ValueError(f"home {given}: a home is a local folder, given as a path")
+    return Path(given).expanduser().resolve()
+
+
 @dataclass(frozen=True)
 class Home:
     """The folder that holds every piece of seclake state.
@@ -39,22 +64,9 @@ class Home:
 
     @classmethod
     def resolve(cls, home: str | os.PathLike | None = None) -> "Home":
-        """`home`, else `$SECLAKE_HOME`, else `./seclake-home`; always absolute. Its lake is
-        `$SECLAKE_LAKE`, else the home folder; a home that recorded another lake is a ValueError
-        naming both, and so is a URI, which would be made a local folder of that name.
-
-        >>> Home.resolve("s3a://lake/soc")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        ValueError: home s3a://lake/soc: a home is a local folder; ... with SECLAKE_LAKE=s3a://lake/soc (docs/deploy.md)
-        """
-        from pipelines import environment
-
-        given = str(home or environment.home() or DEFAULT_HOME)
-        if re.match(r"[A-Za-z][\w+.-]*://", given):
-            raise ValueError(f"home {given}: a home is a local folder; keep its tables on object storage with "
-                             f"SECLAKE_LAKE={given} (docs/deploy.md)")
-        root = Path(given).expanduser().resolve()
+        """The home in `home_folder(home)`. Its lake is `$SECLAKE_LAKE`, else the home folder; a home
+        that recorded another lake is a ValueError naming both."""
+        root = home_folder(home)
         lake = configured_lake()
         if not (root / LAKE_FILE).is_file():
             local = root / "tables"
@@ -169,26 +181,28 @@ class Home:
         unrecorded = self.lake if not (self.root / LAKE_FILE).exists() else None
         if unrecorded is not None:
             check_reachable(unrecorded)
-            self._claim(unrecorded)
+        if self.lake is not None:
+            self._claim(self.lake, new=unrecorded is not None)
         for d in (self.landing, self.tables, self.checkpoints, self.reference):
             d.mkdir(parents=True, exist_ok=True)
         if unrecorded is not None:
             (self.root / LAKE_FILE).write_text(f"{unrecorded}\n")
         return self
 
-    def _claim(self, lake: ObjectPath) -> None:
-        """Record this home in `lake`, unless another home did: a ValueError naming it. A home moved or
-        copied keeps its `lake` file and is not asked again."""
+    def _claim(self, lake: ObjectPath, *, new: bool) -> None:
+        """Record this home in `lake` unless a home is recorded there (a lake recorded before the
+        lakes named their home gets this one's); a `new` home (recording the lake now) is refused
+        another home's lake: a ValueError naming it. A home moved keeps its `lake` file, and the lake."""
         owner = lake / OWNER_FILE
         if not owner.is_file():
             owner.write_text(f"{self.root}\n")
             return
         recorded = owner.read_text().strip()
-        if recorded != str(self.root):
+        if new and recorded != str(self.root):
             raise ValueError(f"the lake {lake} belongs to the home {recorded}: a second home there would share its "
                              "checkpoints and skip its own logs as already read; give this home a prefix of its "
                              f"own (SECLAKE_LAKE), or, if it replaces {recorded}, record the lake in it: "
-                             f"echo {lake} > {self.root / LAKE_FILE}")
+                             f"mkdir -p {self.root} && echo {lake} > {self.root / LAKE_FILE}")
 
 
 def dagster_instance(folder: str | os.PathLike) -> Path:

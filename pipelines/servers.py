@@ -45,10 +45,12 @@ def refused(addresses: str, timeout_s: float) -> str | None:
     True
     >>> refused("sparkmaster.invalid:7077", 1.0)
     'sparkmaster.invalid:7077: no such host'
+    >>> refused(f"PLAINTEXT://127.0.0.1:{free_port()}", 1.0).endswith("connection refused")
+    True
     """
     reasons = []
     for address in (a.strip() for a in addresses.split(",") if a.strip()):
-        host, _, port = address.rpartition(":")
+        host, _, port = address.split("://")[-1].rpartition(":")  # Kafka's clients take PLAINTEXT://host:port
         if not host or not port.isdigit():
             return None
         try:
@@ -56,7 +58,9 @@ def refused(addresses: str, timeout_s: float) -> str | None:
             return None
         except ConnectionRefusedError:
             reasons.append(f"{address}: connection refused")
-        except socket.gaierror:
+        except socket.gaierror as exc:
+            if exc.errno not in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                return None  # a lookup that failed for now (EAI_AGAIN): the client retries it
             reasons.append(f"{address}: no such host")
         except OSError:
             return None

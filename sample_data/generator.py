@@ -105,7 +105,7 @@ def _validate(hours, hosts, seed, start, zeek_format, rates: dict[str, float], r
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the generator's options to ``parser`` (used by ``seclake generate``)."""
-    parser.add_argument("--out", "--home", dest="out", type=Path, default=None,
+    parser.add_argument("--out", "--home", dest="out", default=None,
                         help="output folder (landing/, reference/, ...): the home `run-once --home` reads "
                              "(default $SECLAKE_HOME, else ./seclake-home, as every command)")
     parser.add_argument("--hours", type=float, default=DEFAULTS["hours"], help="simulated hours (default 24)")
@@ -163,12 +163,12 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
 
 
 def _run(args: argparse.Namespace, started: float) -> int:
-    from pipelines.home import Home
+    from pipelines.home import Home, home_folder
     from pipelines.terminal import Progress
 
     try:
-        out = args.out or Home.resolve(None).root
-        Home(Path(out)).folder()  # only landing/ is written: the lake's settings are not asked
+        out = home_folder(args.out)
+        Home(out).folder()  # only landing/ is written: the lake's settings are not asked
         hours = None if args.rate is not None else hour_files(parse_start(args.start), args.hours)
         with Progress("generate", total=hours) as progress:
             manifest = generate(

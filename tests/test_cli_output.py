@@ -217,11 +217,13 @@ def test_run_once_refuses_a_home_that_is_a_file(tmp_path):
     assert run.stderr == f"seclake run-once: home {tmp_path / 'afile'} is a file, not a folder\n", run.stderr
 
 
-def test_run_once_refuses_a_uri_for_its_home():
-    # It made a local folder ./s3a:/lake/newhome and ran on it, saying only that the home was new.
-    run = seclake("run-once", "--home", "s3a://lake/newhome")
+@pytest.mark.parametrize("command, said", [(["run-once"], "seclake run-once: "),
+                                           (["generate", "--hours", "1", "--hosts", "5"], "seclake generate: error: ")])
+def test_a_uri_for_the_home_is_refused(command, said):
+    # They made a local folder ./s3a:/lake/newhome and wrote to it, run-once saying only that the home was new.
+    run = seclake(*command, "--home", "s3a://lake/newhome")
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr == ("seclake run-once: home s3a://lake/newhome: a home is a local folder; keep its tables on "
+    assert run.stderr == (f"{said}home s3a://lake/newhome: a home is a local folder; keep its tables on "
                           "object storage with SECLAKE_LAKE=s3a://lake/newhome (docs/deploy.md)\n"), run.stderr
     assert not (REPO / "s3a:").exists()
 

@@ -387,7 +387,7 @@ def test_run_turns_bad_arguments_into_exit_code_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "-2" in err[0]
     # --home, as every other command names the folder, is the same as --out.
-    assert parser.parse_args(["--home", str(tmp_path / "h")]).out == tmp_path / "h"
+    assert parser.parse_args(["--home", str(tmp_path / "h")]).out == str(tmp_path / "h")
 
 
 def test_without_out_the_home_is_written_as_every_command_finds_it(tmp_path, monkeypatch, capsys):

@@ -97,19 +97,22 @@ def test_a_second_home_is_refused_the_lake_of_another(on_server, tmp_path, monke
     lake = f"s3a://lake/shared-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("SECLAKE_LAKE", lake)
     first = Home.resolve(tmp_path / "first").create()
-    with pytest.raises(ValueError, match=f"the lake {lake} belongs to the home {first.root}: .*"
-                                         f"echo {lake} > {tmp_path / 'second' / 'lake'}"):
+    with pytest.raises(ValueError, match=f"the lake {lake} belongs to the home {first.root}: ") as refused:
         Home.resolve(tmp_path / "second").create()
-    assert not (tmp_path / "second" / "lake").exists()
+    assert not (tmp_path / "second").exists()
     # The first home moved (its lake file with it), or made again where it was: still its lake.
     shutil.copytree(first.root, tmp_path / "moved")
     Home.resolve(tmp_path / "moved").create()
     shutil.rmtree(first.root)
     Home.resolve(first.root).create()
-    # A home that replaces the first records the lake itself, as the refusal says.
-    (tmp_path / "second").mkdir()
-    (tmp_path / "second" / "lake").write_text(f"{lake}\n")
+    # A home that replaces the first records the lake itself, with the command the refusal gives.
+    command = str(refused.value).split("record the lake in it: ", 1)[1]
+    subprocess.run(command, shell=True, check=True)
     Home.resolve(tmp_path / "second").create()
+    # A lake recorded before lakes named their home is claimed by its home's next command.
+    (ObjectPath.from_uri(lake) / "home").unlink()
+    Home.resolve(first.root).create()
+    assert (ObjectPath.from_uri(lake) / "home").read_text().strip() == str(first.root)
 
 
 def test_a_lake_that_cannot_be_reached_is_one_line_and_never_recorded(on_server, tmp_path, monkeypatch, capsys):

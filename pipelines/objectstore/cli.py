@@ -44,6 +44,7 @@ def cmd_s3(args: argparse.Namespace) -> int:
               f"bucket lake; to keep the lake there:")
         for name, value in {**server.environment(), "SECLAKE_LAKE": "s3a://lake/seclake"}.items():
             print(f"  export {name}={value}")
+        print("one prefix per home: give another home its own SECLAKE_LAKE, such as s3a://lake/<name>")
         return 0
     pid = server.pid()
     print(f"s3 server running: {server.endpoint}, pid {pid}" if pid

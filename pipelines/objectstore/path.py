@@ -208,10 +208,11 @@ def check_reachable(lake: ObjectPath) -> None:
     try:
         kind = client().get_file_info(bucket).type
     except OSError as exc:
-        # A store on plain HTTP, its endpoint written without a scheme, fails as a TLS handshake.
+        # A store on plain HTTP, its endpoint written without a scheme, fails as a TLS handshake here
+        # (pyarrow takes https; Spark's S3A would take http).
         endpoint = environment.s3_endpoint()
         https = ("; https is assumed without a scheme: http://... for a store on plain HTTP"
-                 if endpoint and "://" not in endpoint else "")
+                 if endpoint and "://" not in endpoint and "SSL" in str(exc) else "")
         raise ValueError(f"cannot reach the lake {lake} at {where}: {store_error(exc)}{https}") from None
     if kind == FileType.NotFound:
         raise ValueError(f"the lake {lake}: bucket {bucket!r} does not exist at {where}; create it, "
