@@ -197,8 +197,10 @@ class Home:
         if not owner.is_file():
             owner.write_text(f"{self.root}\n")
             return
+        if not new:  # a home that recorded its lake is not asked again: no read on every command
+            return
         recorded = owner.read_text().strip()
-        if new and recorded != str(self.root):
+        if recorded != str(self.root):
             raise ValueError(f"the lake {lake} belongs to the home {recorded}: a second home there would share its "
                              "checkpoints and skip its own logs as already read; give this home a prefix of its "
                              f"own (SECLAKE_LAKE), or, if it replaces {recorded}, record the lake in it: "
