@@ -259,7 +259,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from pipelines.cluster import LocalCluster
     from pipelines.servers import not_running
 
-    cluster = LocalCluster(Home.resolve(args.home), args.port, args.workers, args.cores, args.memory)
+    # A running master is named by the port it listens on, not by --port's default.
+    cluster = LocalCluster(Home.resolve(args.home), args.port, args.workers, args.cores, args.memory).running()
     if args.cluster_command == "stop":
         print("spark cluster stopped" if cluster.stop() else not_running("spark cluster", cluster.home.root,
                                                                          cluster.port, was=True))

@@ -11,11 +11,11 @@ import json
 import os
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipelines.home import Home
-from pipelines.servers import ServerError, free_port, launch, running_pid, terminate
+from pipelines.servers import ServerError, free_port, launch, recorded_port, running_pid, terminate
 
 DEFAULT_PORT = 7077
 START_TIMEOUT_S = 120.0
@@ -54,6 +54,16 @@ class LocalCluster:
     def master_url(self) -> str:
         """`SECLAKE_SPARK_MASTER` for applications on this cluster."""
         return f"spark://127.0.0.1:{self.port}"
+
+    def running(self) -> LocalCluster:
+        """This home's cluster on the port its master was started with when it runs, whatever port
+        this one names; else this one.
+
+        >>> LocalCluster(Home.resolve("/nonexistent"), port=7078).running().port
+        7078
+        """
+        port = recorded_port(self.folder / "master.conf", "master")
+        return self if running_pid(self.folder / "master.pid") is None or port is None else replace(self, port=port)
 
     def _pid_files(self) -> list[Path]:
         """The master's pid file, then the workers': this cluster's, and any a start with more workers left
@@ -112,6 +122,7 @@ class LocalCluster:
         if running_pid(master_pid) is None:
             ui = free_port()
             (self.folder / "master.ui").write_text(str(ui))
+            (self.folder / "master.conf").write_text(f"master={self.master_url}\n")
             launch([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(ui)],
                    name="Spark master", port=self.port, pid_file=master_pid, output=self.folder / "master.log",

@@ -78,6 +78,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def recorded_port(config: Path, key: str) -> int | None:
+    """The port ending `key`'s value in the `key=value` file `config` a server was started with, or
+    None: a running server is named by the port it listens on, not by `--port`'s default.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / "s.conf").write_text("endpoint=http://127.0.0.1:9010\\n")
+    ...     recorded_port(Path(tmp) / "s.conf", "endpoint"), recorded_port(Path(tmp) / "none", "endpoint")
+    (9010, None)
+    """
+    try:
+        for line in config.read_text().splitlines():
+            if line.startswith(f"{key}="):
+                return int(line.rsplit(":", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def running_pid(pid_file: Path) -> int | None:
     """The process id in `pid_file` if that process still runs, else None."""
     try:

@@ -36,6 +36,12 @@ def test_cluster_start_on_the_running_cluster_says_it_was_running(cluster, capsy
     assert main(["cluster", "start", "--home", str(cluster.home.root), "--port", str(cluster.port)]) == 0
     assert capsys.readouterr().out.startswith("spark cluster already running: 2 worker(s)")
     assert cluster.pids() == pids
+    # Without --port (or with another), the running master's: it printed the default port's URL to export.
+    assert main(["cluster", "start", "--home", str(cluster.home.root)]) == 0
+    assert capsys.readouterr().out.endswith(f"export SECLAKE_SPARK_MASTER={cluster.master_url}\n")
+    assert main(["cluster", "status", "--home", str(cluster.home.root)]) == 0
+    assert capsys.readouterr().out.startswith(f"spark cluster running: {cluster.master_url}, 2 worker(s) alive")
+    assert cluster.pids() == pids
 
 
 def test_run_once_on_a_standalone_cluster_with_the_lake_on_s3_equals_a_local_run(

@@ -73,6 +73,19 @@ def test_object_paths_read_write_list_move_and_delete_on_the_server(on_server):
     assert not root.exists()
 
 
+def test_the_s3_commands_name_the_running_servers_port_not_the_default(s3_server, capsys):
+    # `s3 start` on a running server printed the --port it was given (here the default) as the endpoint.
+    from pipelines.cli import main
+
+    home = str(s3_server.home.root)
+    assert main(["s3", "start", "--home", home]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"s3 server already running: {s3_server.endpoint}, pid {s3_server.pid()}"), out
+    assert f"export SECLAKE_S3_ENDPOINT={s3_server.endpoint}\n" in out
+    assert main(["s3", "status", "--home", home]) == 0
+    assert capsys.readouterr().out.strip() == f"s3 server running: {s3_server.endpoint}, pid {s3_server.pid()}"
+
+
 def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_path, monkeypatch):
     monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/first")
     Home.resolve(tmp_path).create()

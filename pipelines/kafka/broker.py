@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.home import Home
-from pipelines.servers import ServerError, free_port, last_line, launch, running_pid, terminate
+from pipelines.servers import ServerError, free_port, last_line, launch, recorded_port, running_pid, terminate
 
 KAFKA_JARS = Path(__file__).resolve().parents[2] / ".jars" / "kafka"
 DEFAULT_PORT = 9092
@@ -96,15 +96,8 @@ class Broker:
         >>> Broker(Home.resolve("/nonexistent"), 19092).running().port
         19092
         """
-        if self.pid() is None:
-            return self
-        try:
-            for line in (self.folder / "server.properties").read_text().splitlines():
-                if line.startswith("advertised.listeners=PLAINTEXT://"):
-                    return Broker(self.home, int(line.rsplit(":", 1)[1]))
-        except (OSError, ValueError):
-            pass
-        return self
+        port = recorded_port(self.folder / "server.properties", "advertised.listeners")
+        return self if self.pid() is None or port is None else Broker(self.home, port)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Broker:
         """Start the broker (formatting its storage on first use) and wait until it accepts

@@ -32,7 +32,8 @@ def cmd_s3(args: argparse.Namespace) -> int:
     from pipelines.objectstore.server import S3Server
     from pipelines.servers import not_running
 
-    server = S3Server(Home.resolve(args.home), args.port)
+    # A running server is named by the port it listens on, not by --port's default.
+    server = S3Server(Home.resolve(args.home), args.port).running()
     if args.s3_command == "stop":
         print("s3 server stopped" if server.stop() else not_running("s3 server", server.home.root, server.port,
                                                                    was=True))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.home import Home
-from pipelines.servers import ServerError, launch, running_pid, terminate
+from pipelines.servers import ServerError, launch, recorded_port, running_pid, terminate
 
 S3PROXY_JARS = Path(__file__).resolve().parents[2] / ".jars" / "s3proxy"
 DEFAULT_PORT = 9000
@@ -65,6 +65,16 @@ class S3Server:
     def pid(self) -> int | None:
         """The running server's process id, or None."""
         return running_pid(self.pid_file)
+
+    def running(self) -> S3Server:
+        """This home's server on the port it was started with when it runs, whatever port this one
+        names; else this one.
+
+        >>> S3Server(Home.resolve("/nonexistent"), 9010).running().port
+        9010
+        """
+        port = recorded_port(self.folder / "s3proxy.conf", "s3proxy.endpoint")
+        return self if self.pid() is None or port is None else S3Server(self.home, port)
 
     def credentials(self) -> tuple[str, str]:
         """(access key, secret key), made on first use and kept in the config."""
