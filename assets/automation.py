@@ -34,9 +34,12 @@ ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dagste
                    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
-def active_lake_run(instance: DagsterInstance) -> str | None:
-    """The id of a queued or running run that writes the lake (our jobs or an ad-hoc asset run), if any."""
+def active_lake_run(instance: DagsterInstance, besides: tuple[str, ...] = ()) -> str | None:
+    """The id of a queued or running run that writes the lake (our jobs or an ad-hoc asset run), if
+    any, leaving out runs of the jobs `besides` names."""
     for run in instance.get_runs(filters=RunsFilter(statuses=ACTIVE_STATUSES), limit=50):
+        if run.job_name in besides:
+            continue
         if run.job_name in LAKE_JOBS or run.job_name.startswith("__ASSET_JOB"):
             return run.run_id
     return None

@@ -21,6 +21,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.automation import active_lake_run, file_versions, new_files
+from assets.jobs import STREAM_JOB
 from assets.resources import LakeResource, SparkResource
 from assets.tables import LAKE_POOL, RETRY_POLICY, table_key, table_state
 from pipelines.operations.running import HomeBusy, RollbackPending, refuse_while_rolling_back
@@ -89,9 +90,11 @@ def intel_sensor(context: SensorEvaluationContext, lake: LakeResource):
         refuse_while_rolling_back(lake.lake.home, f"{len(changed)} new or changed feed(s) are loaded")
     except HomeBusy as err:  # its run would be refused, not retried, and the cursor past the feed: it waits
         return SkipReason(str(err))
-    busy = active_lake_run(context.instance)
+    # Not behind `stream_job`, which never finishes: its rules match the feed from their next
+    # micro-batch, and the sweep appends beside their appends, reading `alerts` again on a conflict.
+    busy = active_lake_run(context.instance, besides=(STREAM_JOB,))
     if busy:
-        # The sweep appends to `alerts` beside the rules' own appends; the cursor is kept, so the
+        # Beside a run-once, the sweep would sweep rules its run is writing; the cursor is kept, so the
         # feeds are looked at again once that run has finished.
         return SkipReason(f"{len(changed)} new or changed feed(s) wait for run {busy} to finish")
     requests = [RunRequest(run_key=f"{name}@{changed[name]}",

@@ -209,6 +209,11 @@ def _build(master: str | None, app_name: str, ui: bool, conf: dict[str, str] | N
     # Python workers (data sources, pandas state processors) must run this interpreter, the one
     # with pyarrow; pyspark reads the variable only when the SparkContext starts.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # The lake's times are UTC, and pyspark turns a timestamp into a naive datetime (and a naive datetime
+    # into a timestamp) in the Python process's zone: on a machine set to another zone, a suppression's
+    # expiry read back and the times `alerts list` prints as UTC were local times.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
     settings = dict(BASE_CONF)
     settings["spark.ui.enabled"] = "true" if ui else "false"
     settings["spark.driver.memory"] = environment.driver_memory() or settings["spark.driver.memory"]

@@ -195,6 +195,12 @@ def test_a_feed_dropped_in_the_intel_folder_runs_the_load_job_once_per_version(s
     busy.add_run(DagsterRun(job_name="run_once_job", run_id="b" * 36, status=DagsterRunStatus.STARTED))
     waiting = intel.intel_sensor(build_sensor_context(cursor=first.cursor, instance=busy, resources={"lake": resource}))
     assert isinstance(waiting, SkipReason) and "wait for run" in waiting.skip_message
+    # Not behind stream_job, which never finishes (the feed waited for ever while the stream ran).
+    streaming = DagsterInstance.ephemeral()
+    streaming.add_run(DagsterRun(job_name="stream_job", run_id="s" * 36, status=DagsterRunStatus.STARTED))
+    beside = intel.intel_sensor(build_sensor_context(cursor=first.cursor, instance=streaming,
+                                                     resources={"lake": resource}))
+    assert isinstance(beside, SensorResult) and len(beside.run_requests) == 1
     # So do they while a rollback waits to be finished: its run would be refused, the cursor past the feed.
     from pipelines.operations.running import PENDING
 

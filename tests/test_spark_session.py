@@ -103,6 +103,22 @@ def test_the_rules_application_keeps_ignoring_ctrl_c_once_its_session_starts():
         assert done.returncode == 0 and done.stdout.strip() == ignored, done.stdout + done.stderr[-2000:]
 
 
+def test_collected_times_are_utc_on_a_machine_set_to_another_zone():
+    # pyspark hands timestamps back as naive datetimes in the process's zone: a suppression expiring at
+    # 18:00 UTC read back as 13:00 in New York, and `suppress list` called it expired two hours early.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from datetime import datetime; from pipelines.spark import get_spark; spark = get_spark(ui=False); "
+            "back = spark.createDataFrame([(datetime(2026, 12, 31, 18),)], 'at timestamp')"
+            ".selectExpr('at', 'cast(at AS string) AS text').first(); print(back.at.isoformat(), back.text)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "TZ": "America/New_York"}, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "2026-12-31T18:00:00 2026-12-31 18:00:00", done.stdout + done.stderr[-2000:]
+
+
 def _listening_addresses(pid: int) -> set[str]:
     """The local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets process `pid` listens on."""
     import os

@@ -77,13 +77,17 @@ class Outcome:
 def payload(alert: dict) -> dict:
     """The JSON body for one alert: Slack's incoming-webhook shape (`text`), plus the alert's fields.
 
+    The text escapes `&`, `<` and `>` as Slack asks: evidence holds names from the logs (a queried
+    domain), and Slack reads `<!channel>` or `<url|label>` in a message as a mention or a link.
+
     >>> payload({"alert_id": "a1", "severity": "high", "rule_name": "DNS exfiltration", "src_ip": "10.0.0.5",
-    ...          "device": "laptop-5", "evidence": "9 MB of queries"})["text"]
-    '[HIGH] DNS exfiltration on laptop-5 (10.0.0.5): 9 MB of queries'
+    ...          "device": "laptop-5", "evidence": "9 MB of queries to x.<!channel>"})["text"]
+    '[HIGH] DNS exfiltration on laptop-5 (10.0.0.5): 9 MB of queries to x.&lt;!channel&gt;'
     """
     who = alert.get("device") or alert.get("mac") or alert.get("src_ip") or "(no host)"
     ip = f" ({alert['src_ip']})" if alert.get("device") and alert.get("src_ip") else ""
     text = f"[{str(alert.get('severity', '')).upper()}] {alert.get('rule_name')} on {who}{ip}: {alert.get('evidence')}"
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return {"text": text, "alert": {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in alert.items()}}
 
 
