@@ -290,6 +290,38 @@ def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spa
             stop_rule(r)
 
 
+def test_the_running_rules_keep_running_while_their_folder_is_gone(spark, tmp_path, lake, caplog):
+    # scan_rules' "rules folder ... does not exist" stopped the rules application, and its parent's
+    # charge_in_flight raised the same: the whole stream stopped.
+    from pipelines.rules.engine import charge_in_flight
+
+    folder = tmp_path / "rules" / "dns"
+    folder.mkdir(parents=True)
+    shutil.copy(DGA, folder / DGA.name)
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    manager = RuleManager(tmp_path / "rules")
+    trigger = {"processingTime": "2 seconds"}
+    running: list = []
+    try:
+        assert manager.sync(spark, lake, Settings(), trigger, running).started == ["rule_dga_nxdomain_burst"]
+        (tmp_path / "rules").rename(tmp_path / "moved")
+        with caplog.at_level("ERROR", logger="seclake.rules"):
+            for _ in range(2):
+                gone = manager.sync(spark, lake, Settings(), trigger, running)
+                assert not gone.stopped and not gone.started, gone
+        assert [r.message for r in caplog.records] == [
+            f"rules folder {tmp_path / 'rules'} does not exist: the running rules keep running as they are until it "
+            "is back"]
+        assert [r.query.isActive for r in running] == [True]
+        assert charge_in_flight(spark, lake, Settings(), tmp_path / "rules") == []
+        (tmp_path / "moved").rename(tmp_path / "rules")
+        back = manager.sync(spark, lake, Settings(), trigger, running)
+        assert not (back.started or back.restarted or back.stopped), back
+    finally:
+        for r in running:
+            stop_rule(r)
+
+
 def test_a_rule_edited_under_its_version_is_invalid_at_once_not_idle_and_not_failing(spark, lake):
     from pipelines.rules.engine import rule_stage
     from pipelines.rules.status import rule_status

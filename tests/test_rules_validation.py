@@ -430,6 +430,27 @@ def test_the_pack_rejects_duplicate_ids_and_file_names_but_keeps_the_oldest(tmp_
     assert any("broken.sql: the file must open with the metadata block" in e for e in errors)
 
 
+def test_a_pack_under_a_hidden_folder_is_read_and_hidden_files_in_it_are_not(tmp_path):
+    # Every part of the whole path was looked at: ~/.seclake/rules, or ../rules, loaded no rule, silently.
+    root = tmp_path / ".seclake" / "rules"
+    (root / "dns").mkdir(parents=True)
+    (root / ".drafts").mkdir()
+    (root / "dns" / "first.sql").write_text(rule_text())
+    (root / ".drafts" / "second.sql").write_text(rule_text())
+    assert [r.path for r in scan_rules(root).rules] == [root / "dns" / "first.sql"]
+    assert [r.path.name for r in scan_rules(root / "dns" / ".." / "dns").rules] == ["first.sql"]
+
+
+@pytest.mark.parametrize("text", [
+    rule_text(VALID_SQL.replace("'x' AS evidence", "(" * 80 + "'x'" + ")" * 80 + " AS evidence")),
+    rule_text(mitre="[" * 1000 + "]" * 1000),
+], ids=["parentheses", "metadata"])
+def test_a_rule_nested_too_deeply_is_refused_not_a_recursion_error(text):
+    # The SQL parser and YAML raised RecursionError, which stopped `rules validate`, run-once and the stream.
+    with pytest.raises(RuleError, match="rule deep: nested too deeply to check"):
+        validate_rule(text, slug="deep")
+
+
 def test_the_repository_pack_is_valid_and_unique():
     pack = scan_rules(Path(__file__).resolve().parents[1] / "rules")
     assert pack.errors == {}

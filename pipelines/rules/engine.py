@@ -527,8 +527,12 @@ def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
     left alone in a batch is charged in full too: its marker is written before its query starts,
     so no other rule was running. A run-once suspect is not backed off: the next run-once probes it.
     """
+    try:
+        rules = scan_rules(rules_dir or default_rules_dir()).rules
+    except ValueError:  # the folder is gone: no rule to charge (its markers stay for when it is back)
+        return []
     status = rule_status(spark, lake)
-    flying = [(rule, marker) for rule in scan_rules(rules_dir or default_rules_dir()).rules
+    flying = [(rule, marker) for rule in rules
               if (marker := lake.home.checkpoint(rule.checkpoint_name) / RUNNING_MARKER).is_file()
               and marker.read_text() == kind]
     alone = kind == "once" and len(flying) == 1
@@ -729,6 +733,7 @@ class RuleManager:
         self._logged: dict[Path, tuple[str, str]] = {}  # (content hash, reason) last logged per file
         self._refused: dict[str, str | None] = {}  # content hash of an edit -> why it would not start
         self._probing: set[str] = set()  # suspects of a dead application started, first trigger not done
+        self._folder_gone = False  # logged once while the rules folder is missing
 
     def sync(self, spark: SparkSession, lake: Lake, settings: Settings, trigger: dict,
              running: list[RunningQuery]) -> SyncResult:
@@ -737,8 +742,15 @@ class RuleManager:
         current = {r.name: r for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))}
         # A running rule keeps its id over a copy of its file, however the two files' times go.
         rules = [r.writer.rule for r in running if isinstance(r.writer, (AlertWriter, IdleWriter))]
-        pack = scan_rules(self.rules_dir, deployed={rule.path.resolve() for rule in rules
-                                                    if rule is not None and rule.path is not None})
+        try:
+            pack = scan_rules(self.rules_dir, deployed={rule.path.resolve() for rule in rules
+                                                        if rule is not None and rule.path is not None})
+        except ValueError as exc:  # the folder removed or renamed: likelier a mistake than "stop every rule"
+            if not self._folder_gone:
+                log.error("%s: the running rules keep running as they are until it is back", exc)
+            self._folder_gone = True
+            return result
+        self._folder_gone = False
         valid = pack.by_slug()
         invalid = invalid_names(self.rules_dir, pack)
         status = rule_status(spark, lake)

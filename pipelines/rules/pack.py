@@ -40,7 +40,8 @@ def rule_files(rules_dir: str | os.PathLike) -> list[Path]:
     root = Path(rules_dir)
     if not root.is_dir():
         raise ValueError(f"rules folder {root} does not exist")
-    return sorted(p for p in root.rglob("*.sql") if not any(part.startswith(".") for part in p.parts))
+    # Hidden below the folder only: a pack under ~/.seclake/rules or given as ../rules is read.
+    return sorted(p for p in root.rglob("*.sql") if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def scan_rules(rules_dir: str | os.PathLike, deployed: Collection[Path] = ()) -> RulePack:

@@ -207,6 +207,9 @@ def validate_rule(source: str | os.PathLike, *, slug: str | None = None) -> Rule
         return _validate(text, path, slug)
     except RuleError as exc:
         raise RuleError(f"{label}: {exc}") from None
+    except RecursionError:  # the SQL parser and YAML recurse per level: about 50 levels are enough
+        raise RuleError(f"{label}: nested too deeply to check (parentheses, brackets or subqueries within "
+                        "each other); flatten it") from None
 
 
 def _validate(text: str, path: Path | None, slug: str | None) -> Rule:
