@@ -157,9 +157,14 @@ def test_rules_status_without_spark_shows_unrun_rules_and_the_packs_verdict(tmp_
     copy = tmp_path / "rules" / "dns" / "a_copy.sql"
     shutil.copy(RULES / "dns" / "dns_tunneling.sql", copy)
     os.utime(copy, (2e9, 2e9))  # the newer file
+    # A newer copy under the same file name in another folder: it took the deployed rule's line (invalid).
+    (tmp_path / "rules" / "drafts").mkdir()
+    shutil.copy(RULES / "dns" / "dns_tunneling.sql", tmp_path / "rules" / "drafts" / "dns_tunneling.sql")
+    os.utime(tmp_path / "rules" / "drafts" / "dns_tunneling.sql", (2e9, 2e9))
     assert run_cli("rules", "status", "--home", str(home.root), "--rules", str(tmp_path / "rules")) == 1
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["a_copy"].split()[1] == "invalid:" and "duplicate id" in lines["a_copy"]
+    assert lines["drafts/dns_tunneling"].split()[1] == "invalid:", lines
     # Every state starts in one column, after the longest rule name.
     assert len({len(line) - len(line.split(None, 1)[1]) for line in lines.values()}) == 1, list(lines.values())
     version = validate_rule(RULES / "dns" / "dns_tunneling.sql").version

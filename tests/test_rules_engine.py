@@ -290,6 +290,31 @@ def test_a_running_rule_keeps_its_id_when_edited_after_a_copy_of_it_was_made(spa
             stop_rule(r)
 
 
+def test_an_alert_another_writer_commits_after_the_batch_looked_is_not_appended_again(spark, lake, tmp_path,
+                                                                                     monkeypatch):
+    # The batch's de-duplication against `alerts` was computed and cached before the sink's transaction
+    # began: an alert a backtest or the intel sweep committed in between was appended a second time.
+    from pipelines.rules.backtest import _loader, run_batch
+    from pipelines.rules.engine import AlertWriter
+    from pipelines.rules.status import rule_status
+
+    rule = validate_rule(DGA)
+    append(spark, lake, "enriched_dns", 0, [dga_burst("2026-11-20 09:10:00", "a")], HOST_A)
+    lake.ensure(spark, ALERTS_TABLE)
+    batch = run_batch(spark, rule, _loader(lake, rule, None, None)).drop("match_key")
+    writer = AlertWriter(lake, rule, "rule-test", rule_status(spark, lake), Settings(), tmp_path / "marker")
+    own = writer.sink.write_batch
+
+    def after_a_backtest(df, batch_id):
+        assert write_missing(spark, lake, rule) == (1, 1)  # the same alert, committed first
+        return own(df, batch_id)
+
+    monkeypatch.setattr(writer.sink, "write_batch", after_a_backtest)
+    writer(batch, 0)
+    assert [(r.rule_id, r.detected_at is not None) for r in alerts(spark, lake)] == [(rule.id, True)]
+    assert writer.history[-1].already_known == 1
+
+
 def test_the_running_rules_keep_running_while_their_folder_is_gone(spark, tmp_path, lake, caplog):
     # scan_rules' "rules folder ... does not exist" stopped the rules application, and its parent's
     # charge_in_flight raised the same: the whole stream stopped.
@@ -480,6 +505,13 @@ def test_late_events_are_counted_and_a_backtest_that_writes_adds_their_alert_onc
         "\n".join(diff.lines()))
     reverse = backtest(spark, lake, stricter, start=start, end=end, against=rule)
     assert (len(reverse.alerts), len(reverse.new), len(reverse.removed)) == (0, 0, 2)
+    # A version compared with that Spark refuses is named, at its own line: "rule <the draft> fails" before.
+    broken = validate_rule(text.replace("lower(query) AS name", "lowr(query) AS name", 1)
+                           .replace(f"version: {rule.version}\n", f"version: {rule.version + 2}\n"),
+                           slug="dga_nxdomain_burst")
+    with pytest.raises(ValueError, match=rf"^the version compared with, dga_nxdomain_burst v{rule.version + 2}, "
+                                         r"fails on the tables: .*LOWR.*did you mean lower\(\)\?"):
+        backtest(spark, lake, stricter, start=start, end=end, against=broken)
 
 
 def test_a_rule_whose_table_nothing_wrote_yet_waits_beside_the_end_of_input_mark(spark, tmp_path):

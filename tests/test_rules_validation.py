@@ -569,6 +569,22 @@ def test_a_tests_file_repeat_error_is_a_rule_error_naming_the_case(row, error):
         parse_cases(tests, validate_rule(rule_text()))
 
 
+@pytest.mark.parametrize("tests, error", [
+    ("defaults: {enriched_dns: [{query: x}]}\ncases: [{name: one, alerts: []}]\n", r"`defaults` must map tables"),
+    ("cases: [{name: one, input: {enriched_dns: []}, alerts: [{1: x}]}]\n",
+     r"expected alert column\(s\) \['1'\] are not alert columns"),
+    ("cases: [{name: one, 7: x, alerts: []}]\n", r"case 'one': unknown key\(s\) \['7'\]"),
+    ("cases: [{name: one, input: {enriched_dns: [{event_time: '2026-11-20 10:00:00', 2: x}]}, alerts: []}]\n",
+     r"column\(s\) \['2'\] are not in enriched_dns"),
+], ids=["defaults-list", "alert-int-key", "case-int-key", "row-int-key"])
+def test_a_malformed_tests_file_is_a_rule_error_not_a_crash(tests, error):
+    # TypeError / AttributeError stopped the whole `rules test` run before any rule's tests ran.
+    from pipelines.rules.testing import parse_cases
+
+    with pytest.raises(RuleError, match=error):
+        parse_cases(tests, validate_rule(rule_text()))
+
+
 def test_a_column_error_names_its_first_place_and_the_querys_own_names():
     cte = ("WITH hits AS (SELECT src_ip, mac, device, owner, event_time, query AS sessions FROM enriched_dns)\n"
            f"SELECT {COLUMNS} FROM hits {GROUP} HAVING max(sesions) > 1")

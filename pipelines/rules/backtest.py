@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
 
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -23,7 +24,7 @@ from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.operations.running import refuse_while_rolling_back
 from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
-from pipelines.rules.engine import retry_on_conflict, rule_session
+from pipelines.rules.engine import analysis_error, retry_on_conflict, rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
 from pipelines.settings import utc_instant
@@ -223,7 +224,11 @@ def backtest(spark: SparkSession, lake: Lake, rule: Rule, start: datetime | None
                      if (start is None or i.end >= start) and (end is None or i.start < end)]
         result.scores = score(result.alerts, incidents)
     if against is not None:
-        other = _collect(spark, lake, against, start, end)
+        try:
+            other = _collect(spark, lake, against, start, end)
+        except PySparkException as exc:  # said of the version compared with, at its own file's line
+            raise ValueError(f"the version compared with, {_version(against)}, fails on the tables: "
+                             f"{analysis_error(spark, against, exc)}") from None
         mine = {a["match_key"] for a in result.alerts}
         theirs = {a["match_key"] for a in other}
         result.against = against

@@ -324,21 +324,24 @@ def _rule_status(args: argparse.Namespace):
 def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.home import Home
     from pipelines.lake.registry import Lake
-    from pipelines.rules.engine import deployed_health, file_hash
+    from pipelines.rules.engine import deployed_health, file_hash, invalid_names, own_name
     from pipelines.rules.health import DISABLED, INVALID, OK
     from pipelines.rules.status import health_of, recorded_health
     from pipelines.spark import get_spark
 
-    pack = scan_rules(rules_folder(args))
+    root = rules_folder(args)
+    pack = scan_rules(root)
     lake = Lake(Home.resolve(args.home).existing())
     # delta-rs, no JVM; Spark only for a table delta-rs cannot read alone.
     recorded = recorded_health(lake, lambda: get_spark(app_name="seclake-rules-status", ui=False))
     valid = pack.by_slug()
     now = {rule.slug: deployed_health(health_of(recorded, rule.slug, rule.content_hash), lake, rule)
            for rule in pack.rules}
-    # An invalid file as the pack judges it now, whether or not a run has recorded it.
-    now.update({path.stem: health_of(recorded, path.stem, file_hash(path)).invalid(reason)
-                for path, reason in pack.errors.items()})
+    # An invalid file as the pack judges it now, whether or not a run has recorded it; one refused for
+    # another's file name by its path, not over that rule's line.
+    for name, (path, reason) in invalid_names(Path(root), pack).items():
+        key = path.stem if own_name(name, path) else path.relative_to(root).with_suffix("").as_posix()
+        now[key] = health_of(recorded, key, file_hash(path)).invalid(reason)
     healths = [now[slug] for slug in sorted(now)]
     width = max((len(slug) for slug in now), default=0)
     for health in healths:

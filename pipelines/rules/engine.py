@@ -182,12 +182,14 @@ class AlertWriter:
 
     def _append(self, alerts: DataFrame, batch_id: int) -> tuple[int, CommitResult | None]:
         """Commit the alerts `alerts_path` does not hold yet: (how many, the commit or None)."""
-        fresh = detected(mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake)).persist()
-        try:
-            new = fresh.count()
-            return new, (self.sink.write_batch(fresh, batch_id) if new else None)
-        finally:
-            fresh.unpersist()
+        fresh = detected(mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake))
+        if fresh.isEmpty():
+            return 0, None
+        # Not cached: the write computes it again inside the sink's transaction, where Delta registers
+        # its read of `alerts`, so an alert a backtest or the intel sweep committed since the look
+        # above is left out, and one committed during the write fails this commit (retried).
+        result = self.sink.write_batch(fresh, batch_id)
+        return result.rows, result
 
     def _report_late(self) -> None:
         """A platform alert (`seclake.rule_late_rows`) for each finished batch whose watermark
@@ -675,12 +677,12 @@ def invalid_names(root: Path, pack: RulePack) -> dict[str, tuple[Path, str]]:
 
 def _start_invalid(name: str, path: Path, reason: str, spark, lake, settings, trigger) -> RunningQuery:
     content_hash = file_hash(path)
-    if _own_name(name, path):
+    if own_name(name, path):
         rule_status(spark, lake).update(path.stem, content_hash, lambda h: h.invalid(reason))
     return invalid_rule(name, reason, content_hash)
 
 
-def _own_name(name: str, path: Path) -> bool:
+def own_name(name: str, path: Path) -> bool:
     """Whether the invalid file at `path` has the stage `name` of its file name: rule_status keeps
     health per file name, and a file refused for another's name would overwrite that rule's."""
     return name == query_name(path.stem)
@@ -858,7 +860,7 @@ class RuleManager:
         for name, (path, reason) in invalid.items():
             result.invalid[name] = reason
             digest = file_hash(path)
-            if name not in current and _own_name(name, path):
+            if name not in current and own_name(name, path):
                 status.update(path.stem, digest, functools.partial(RuleHealth.invalid, reason=reason))
             if self._logged.get(path) != (digest, reason):  # a file's new reason is news, its content unchanged
                 self._logged[path] = (digest, reason)

@@ -83,7 +83,7 @@ def load_cases(rule: Rule) -> list[Case]:
 def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
     """Parse tests YAML for `rule`: check names, tables and columns; expand repeats."""
     try:
-        doc = yaml.safe_load(text)
+        doc = _str_keys(yaml.safe_load(text))
     except yaml.YAMLError as exc:
         raise RuleError(f"{label}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or not doc["cases"]:
@@ -93,7 +93,8 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
         raise RuleError(f"{label}: unknown top-level key(s) {unknown}")
     reads = [*rule.tables, *rule.lookups]
     defaults = doc.get("defaults") or {}
-    if not isinstance(defaults, dict) or any(t not in reads for t in defaults):
+    if not isinstance(defaults, dict) or any(t not in reads or not isinstance(v, (dict, type(None)))
+                                             for t, v in defaults.items()):
         raise RuleError(f"{label}: `defaults` must map tables the rule reads ({reads}) to column values")
     cases: list[Case] = []
     names: set[str] = set()
@@ -130,6 +131,20 @@ def parse_cases(text: str, rule: Rule, label: str = "tests") -> list[Case]:
                                 "own columns are in `details`: check them with `details_contains`)")
         cases.append(Case(name, rows, expected))
     return cases
+
+
+def _str_keys(value: object) -> object:
+    """`value` with every mapping key a string: YAML reads `1:` as an int, which no check names
+    (and which sorting beside string keys cannot order).
+
+    >>> _str_keys({1: [{"a": 2, 3: None}]})
+    {'1': [{'a': 2, '3': None}]}
+    """
+    if isinstance(value, dict):
+        return {str(k): _str_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_str_keys(v) for v in value]
+    return value
 
 
 def expand_rows(table: str, items: list, defaults: dict | None = None, where: str = "rows") -> list[dict]:
