@@ -148,6 +148,35 @@ def test_notify_delivers_pending_alerts_once_records_them_and_skips_suppressed(s
     assert [key for key, _, _ in receiver.received] == ["a0", "a3"]
 
 
+def test_a_finding_delivered_under_an_earlier_rule_version_is_not_sent_again(spark, tmp_path, receiver):
+    # A new version's backfill raises the finding again under another alert_id: it was posted again.
+    from datetime import date, datetime
+
+    from pipelines.home import Home
+    from pipelines.lake.registry import Lake
+    from pipelines.notify.outbox import notify, pending
+
+    lake = Lake(Home.resolve(tmp_path).create())
+    lake.ensure(spark, "alerts")
+    schema = lake.spec("alerts").schema
+    start = datetime(2026, 11, 20, 10)
+
+    def alert(alert_id: str, version: int, ip: str) -> dict:
+        return {**{f: None for f in schema.fieldNames()}, "alert_id": alert_id, "rule_id": "r1",
+                "rule_version": version, "severity": "high", "rule_name": "r", "src_ip": ip, "mac": None,
+                "device": None, "evidence": "e",
+                "window_start": start, "window_end": start, "detected_at": start, "event_date": date(2026, 11, 20)}
+
+    def add(*rows: dict) -> None:
+        spark.createDataFrame(list(rows), schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+
+    add(alert("v1", 1, "10.0.0.5"), alert("v1-other", 1, "10.0.0.5"))
+    soc = Destination("soc", receiver.url, "high")
+    assert notify(spark, lake, soc, sleep=lambda s: None).delivered == ["v1", "v1-other"]
+    add(alert("v2", 2, "10.0.0.5"), alert("v2-new-host", 2, "10.0.0.6"))
+    assert [a["alert_id"] for a in pending(spark, lake, soc)] == ["v2-new-host"]
+
+
 @pytest.mark.parametrize("receiver", [[503, 503]], indirect=True)
 def test_dead_lettered_alerts_are_sent_again_only_when_asked_and_then_once(spark, tmp_path, receiver):
     from datetime import date, datetime

@@ -31,7 +31,8 @@ def lake(spark, tmp_path) -> Lake:
     for alert_id, rule, severity, ip, mac, device, hours in ALERTS:
         start = T0 + timedelta(hours=hours)
         row = {f: None for f in schema.fieldNames()}
-        row.update(alert_id=alert_id, rule_id=RULE_IDS[rule], rule_name=rule, severity=severity, src_ip=ip, mac=mac,
+        row.update(alert_id=alert_id, rule_id=RULE_IDS[rule], rule_name=rule, rule_version=1, severity=severity,
+                   src_ip=ip, mac=mac,
                    device=device, window_start=start, window_end=start + timedelta(minutes=5),
                    evidence=f"{rule} on {ip}", event_date=start.date())
         rows.append(row)
@@ -151,6 +152,29 @@ def test_a_finding_a_newer_rule_version_raised_again_is_listed_once(spark, lake)
     five = next(r for r in incidents(spark, lake).collect() if r.entity == "laptop-5")
     assert five.alerts == 2 and "eeee5555" + "0" * 56 in five.alert_ids
     assert resolve_ids(spark, lake, ["aaaa11110"]) == [ALERTS[0][0]]  # still there, for alerts show
+
+
+def test_a_finding_closed_under_an_earlier_rule_version_stays_closed_under_the_new_one(spark, lake):
+    # The new version's alert had no triage row: it came back open, its notes and assignee gone.
+    schema = lake.spec("alerts").schema
+    apply(spark, lake, ["aaaa11110"], Change(status="closed", assignee="raj", note="benign updater", by="ana"), now=T0)
+    again = lake.read(spark, "alerts").where("alert_id LIKE 'aaaa11110%'").first().asDict()
+    sibling = {**again, "alert_id": "ffff6666" + "0" * 56}  # v1's other finding in that window (other keys)
+    again.update(alert_id="eeee5555" + "0" * 56, rule_version=2)
+    spark.createDataFrame([again, sibling], schema).write.format("delta").mode("append").save(str(lake.path("alerts")))
+    states = {r.alert_id[:9]: r.status for r in triaged_alerts(spark, lake).collect()}
+    assert (states["eeee55550"], states["ffff66660"]) == ("closed", "open")  # not from a finding of its version
+    assert "eeee55550" not in [r.alert_id[:9] for r in queue(spark, lake).collect()]
+    [closed] = [r for r in queue(spark, lake, statuses=("closed",)).collect() if r.alert_id.startswith("eeee")]
+    assert (closed.assignee, [n.text for n in closed.notes]) == ("raj", ["benign updater"])
+    with pytest.raises(ValueError, match="closed: `seclake alerts reopen` first"):
+        apply(spark, lake, ["eeee55550"], Change(status="acknowledged", by="ana"))
+    assert apply(spark, lake, ["eeee55550"], Change(status="closed", by="ana")).changed == []
+    # Its own first row starts from the finding's triage.
+    apply(spark, lake, ["eeee55550"], Change(note="same under v2", by="ana"), now=T0 + timedelta(hours=1))
+    [own] = lake.read(spark, TRIAGE_TABLE).where("alert_id LIKE 'eeee5555%'").collect()
+    assert (own.status, own.assignee, [n.text for n in own.notes]) == ("closed", "raj",
+                                                                        ["benign updater", "same under v2"])
 
 
 def test_cli_acks_lists_and_shows(spark, lake, capsys):

@@ -1,14 +1,17 @@
 """Which alerts still need delivering, and the record of what was delivered (`notifications`).
 
-An alert is pending for a destination while `notifications` has no row for that pair and the
-alert is not suppressed; with `retry_dead`, one whose only outcomes are dead is pending again
-(the receiver was down or refused it, and is fixed now). `notify` delivers the pending ones
+An alert is pending for a destination while `notifications` has no row for that pair (nor for the
+same finding under an earlier version of its rule) and the alert is not suppressed; with
+`retry_dead`, one whose only outcomes are dead is pending again (the receiver was down or refused
+it, and is fixed now). `notify` delivers the pending ones
 oldest first and then appends one row per outcome (delivered, or dead with its last error). A
 crash between a delivery and its row makes the next `notify` deliver that alert again: at least
 once, and the receiver sees the same `Idempotency-Key`.
 """
 from __future__ import annotations
 
+import functools
+import operator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,7 +20,7 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
 from pipelines.notify.delivery import Destination, Outcome, deliver
-from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.rules.tables import ALERTS_TABLE, FINDING_COLUMNS
 from pipelines.schemas import SEVERITIES
 
 NOTIFICATIONS_TABLE = "notifications"
@@ -38,7 +41,14 @@ def pending(spark: SparkSession, lake: Lake, destination: Destination, limit: in
         if retry_dead:
             done = done.where(F.col("status") == "delivered")
         done = done.select("alert_id")
-        alerts = alerts.join(done, "alert_id", "left_anti")
+        # Nor a finding brought under an earlier version of its rule: the new version's backfill raises
+        # it again under another alert_id, and the receiver would be paged twice for one thing.
+        told = (lake.read(spark, ALERTS_TABLE).join(done, "alert_id")
+                .select(*FINDING_COLUMNS, "rule_version").alias("told"))
+        same = [F.col(f"a.{c}").eqNullSafe(F.col(f"told.{c}")) for c in FINDING_COLUMNS]
+        same.append(F.col("told.rule_version") < F.col("a.rule_version"))
+        alerts = (alerts.join(done, "alert_id", "left_anti").alias("a")
+                  .join(told, functools.reduce(operator.and_, same), "left_anti"))
     return [row.asDict() for row in alerts.orderBy("detected_at", "alert_id").limit(limit).collect()]
 
 

@@ -10,6 +10,9 @@ from pipelines.lake.registry import Lake
 
 ALERTS_TABLE = "alerts"
 RULE_STATUS_TABLE = "rule_status"
+# One finding across the versions of its rule: a new version's backfill raises what the earlier one
+# found again, under another alert_id (which holds the version).
+FINDING_COLUMNS = ("rule_id", "window_start", "window_end", "src_ip", "mac", "device")
 # rule_id prefix of platform alerts (a rule disabled, rows a rule dropped): in `alerts` where analysts
 # look, but about seclake itself, so incidents and precision leave them out.
 PLATFORM_RULE_PREFIX = "seclake."

@@ -16,11 +16,12 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.lake.registry import Lake
-from pipelines.rules.tables import ALERTS_TABLE
+from pipelines.rules.tables import ALERTS_TABLE, FINDING_COLUMNS
 from pipelines.schemas import SEVERITIES
 from pipelines.triage.suppressions import NO_NAME
 
 TRIAGE_TABLE = "alert_triage"
+TRIAGE_COLUMNS = ("status", "assignee", "notes", "updated_by", "updated_at")
 OPEN, ACKNOWLEDGED, CLOSED = "open", "acknowledged", "closed"
 STATUSES = (OPEN, ACKNOWLEDGED, CLOSED)
 MIN_PREFIX = 8
@@ -97,8 +98,9 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
     # a state read before another command's `close` committed would put the closed alert back.
     with lake.home.commit_lock(TRIAGE_TABLE):
         states = _states(spark, lake, resolved)
+        inherited = {i for i, state in states.items() if not state.own}
         closed = [i[:12] for i in resolved
-                  if change.status == ACKNOWLEDGED and states.get(i, (OPEN, None))[0] == CLOSED]
+                  if change.status == ACKNOWLEDGED and i in states and states[i].status == CLOSED]
         if closed:  # acknowledging would put a closed alert back in the queue: that is `reopen`'s to say
             raise ValueError(f"alert(s) {', '.join(closed)} closed: `seclake alerts reopen` first; "
                              "nothing written")
@@ -109,8 +111,16 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
         at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
         note = [(at, change.by, change.note)] if change.note else []
         schema = lake.spec(TRIAGE_TABLE).schema
-        rows = spark.createDataFrame([(i, change.status, change.assignee, note, change.by, at) for i in ids],
-                                     schema)
+
+        def row(i: str) -> tuple:
+            if i not in inherited:  # the MERGE keeps what the change leaves unset
+                return i, change.status, change.assignee, note, change.by, at
+            # Its first row starts from the triage its finding had under an earlier version of the rule.
+            was = states[i]
+            return (i, change.status or was.status, change.assignee or was.assignee, [*was.notes, *note],
+                    change.by, at)
+
+        rows = spark.createDataFrame([row(i) for i in ids], schema)
         lake.ensure(spark, TRIAGE_TABLE)
         version = upsert(spark, lake.path(TRIAGE_TABLE), rows, "alert_id",
                          update={"status": "coalesce(s.status, t.status)",
@@ -123,25 +133,40 @@ def apply(spark: SparkSession, lake: Lake, alert_ids: list[str], change: Change,
         return Applied(version, ids, unchanged)
 
 
-def _states(spark: SparkSession, lake: Lake, ids: list[str]) -> dict[str, tuple[str, str | None]]:
-    """(status, assignee) of the alerts of `ids` that were ever triaged."""
+@dataclass(frozen=True)
+class State:
+    """An alert's triage: its own row's (`own`), or the one its finding had under an earlier
+    version of the rule."""
+
+    status: str
+    assignee: str | None
+    notes: list
+    own: bool
+
+
+def _states(spark: SparkSession, lake: Lake, ids: list[str]) -> dict[str, State]:
+    """The triage of the alerts of `ids` that have one (their own or inherited, `triaged_alerts`)."""
     if not lake.exists(TRIAGE_TABLE):
         return {}
-    rows = (lake.read(spark, TRIAGE_TABLE).where(F.col("alert_id").isin(ids))
-            .select("alert_id", "status", "assignee"))
-    return {r.alert_id: (r.status, r.assignee) for r in rows.collect()}
+    rows = (triaged_alerts(spark, lake).where(F.col("alert_id").isin(ids) & F.col("updated_at").isNotNull())
+            .select("alert_id", "status", "assignee", "notes", "own_triage").collect())
+    return {r.alert_id: State(r.status, r.assignee, list(r.notes or []), r.own_triage) for r in rows}
 
 
-def _changing(states: dict[str, tuple[str, str | None]], ids: list[str], change: Change) -> list[str]:
+def _changing(states: dict[str, State], ids: list[str], change: Change) -> list[str]:
     """The alerts of `ids` whose status or assignee `change` (without a note) would change."""
+    def now(i: str) -> tuple[str, str | None]:
+        return (states[i].status, states[i].assignee) if i in states else (OPEN, None)
+
     return [i for i in ids
-            if (change.status is not None and states.get(i, (OPEN, None))[0] != change.status)
-            or (change.assignee is not None and states.get(i, (OPEN, None))[1] != change.assignee)]
+            if (change.status is not None and now(i)[0] != change.status)
+            or (change.assignee is not None and now(i)[1] != change.assignee)]
 
 
 def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
     """Every alert (suppressed ones too) with its triage state: `status` (open when never
-    triaged), `assignee`, `notes`, `updated_by`, `updated_at`."""
+    triaged), `assignee`, `notes`, `updated_by`, `updated_at`, its own or, for an alert never
+    triaged, its finding's under an earlier version of the rule (`own_triage` False)."""
     _require_alerts(lake)
     alerts = lake.read(spark, ALERTS_TABLE)
     if "suppressed_by" not in alerts.columns:  # an alerts table written before suppressions
@@ -150,15 +175,25 @@ def triaged_alerts(spark: SparkSession, lake: Lake) -> DataFrame:
         state = spark.createDataFrame([], lake.spec(TRIAGE_TABLE).schema)
     else:
         state = lake.read(spark, TRIAGE_TABLE)
-    return (alerts.join(state, "alert_id", "left")
-            .withColumn("status", F.coalesce(F.col("status"), F.lit(OPEN))))
+    joined = alerts.join(state, "alert_id", "left").withColumn("own_triage", F.col("updated_at").isNotNull())
+    # An alert never triaged takes the triage its finding last had under an earlier version of the rule:
+    # a new version re-raises what analysts closed or took under the old one. Earlier versions only:
+    # alerts of one version that share a window and host (other keys) are other findings.
+    versions = F.collect_list(F.struct(F.col("updated_at").alias("_at"), F.col("rule_version").alias("_version"),
+                                       *TRIAGE_COLUMNS)).over(Window.partitionBy(*FINDING_COLUMNS))
+    earlier = F.array_max(F.filter(versions, lambda v: v["_at"].isNotNull()
+                                   & (v["_version"] < F.col("rule_version"))))
+    joined = joined.withColumn("_earlier", earlier)
+    triage = {c: F.when(F.col("own_triage"), F.col(c)).otherwise(F.col("_earlier")[c]) for c in TRIAGE_COLUMNS}
+    triage["status"] = F.coalesce(triage["status"], F.lit(OPEN))
+    return joined.withColumns(triage).drop("_earlier")
 
 
 def newest_versions(alerts: DataFrame) -> DataFrame:
     """`alerts` without those that a newer version of their rule raised again, for the same window
     and host: a new version's backfill re-raises what the earlier one found (another `alert_id`,
     which holds the version), and the queue and incidents show each finding once."""
-    same = Window.partitionBy("rule_id", "window_start", "window_end", "src_ip", "mac", "device")
+    same = Window.partitionBy(*FINDING_COLUMNS)
     return (alerts.withColumn("_newest", F.max("rule_version").over(same))
             .where(F.col("rule_version").eqNullSafe(F.col("_newest"))).drop("_newest"))
 
