@@ -327,6 +327,12 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                 if batch < 0:
                     resets[writer.name] = f"nothing of {writer.name} is kept"
                 elif (last := newest(checkpoint)) is not None and last > batch:
+                    kept = numbered(checkpoint / "offsets")
+                    if batch not in kept:  # Spark keeps a checkpoint's last 100 batches: refused before any change
+                        raise ValueError(
+                            f"{table} version {version} holds {writer.name}'s batches <= {batch}, but its checkpoint "
+                            f"keeps batches {min(kept, default=0)}-{last} only (Spark keeps the last 100): roll back "
+                            f"to a later version, or empty {table} and rebuild it from its inputs (--empty)")
                     plan.checkpoints.append(CheckpointStep(writer.name, checkpoint, batch,
                                                            f"{table} version {version} holds its batches <= {batch}"))
 

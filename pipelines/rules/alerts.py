@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.lake.read import read_table
+from pipelines.lake.registry import Lake
 from pipelines.rules.spec import REQUIRED_COLUMNS, Rule, RuleError
+from pipelines.rules.tables import ALERTS_TABLE
 from pipelines.schemas import ALERTS_SCHEMA
 
 _SEP = "\u001f"   # unit separator: cannot appear in an IP, MAC or hostname
@@ -71,6 +74,14 @@ def alert_frame(rows: DataFrame, rule: Rule, carry: tuple[str, ...] = ()) -> Dat
 def detected(alerts: DataFrame) -> DataFrame:
     """`alerts` (`alert_frame` rows, or a stream's micro-batch of them) with `detected_at` now."""
     return alerts.withColumn("detected_at", F.current_timestamp())
+
+
+def writers_of(lake: Lake, rule_id: str) -> AbstractContextManager[None]:
+    """The home's lock that the writers of one rule's alerts (its query in run-once or the stream, a
+    backtest that writes, the intel sweep) hold from their look at `alerts` (`unseen`) to their commit:
+    each adds what the table lacks, and another's commit of the same alerts in between would be added
+    twice. Writers of other rules never wait for it."""
+    return lake.home.commit_lock(f"{ALERTS_TABLE}-rule-{rule_id}")
 
 
 def unseen(alerts: DataFrame, alerts_path: str | os.PathLike, rule_id: str) -> DataFrame:

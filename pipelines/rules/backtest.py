@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.lake.read import read_table
 from pipelines.lake.registry import Lake
 from pipelines.operations.running import refuse_while_rolling_back
-from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen
+from pipelines.rules.alerts import alert_frame, alert_id, detected, unseen, writers_of
 from pipelines.rules.engine import analysis_error, retry_on_conflict, rule_session
 from pipelines.rules.spec import Rule, RuleError, validate_rule
 from pipelines.rules.tables import ALERTS_TABLE, lookup_view, table_path, table_schema
@@ -264,7 +264,8 @@ def write_missing(spark: SparkSession, lake: Lake, rule: Rule, start: datetime |
         # Its own writer id, each run appending as its next batch (`write_next`).
         sink = lake.sink(ALERTS_TABLE, app_id=f"backtest:{rule.id}:v{rule.version}")
         # The stream's rules application may commit alerts of the same day meanwhile: read again, append again.
-        result = retry_on_conflict(lambda: sink.write_next(missing), f"the backtest of {rule.slug}")
+        with writers_of(lake, rule.id):
+            result = retry_on_conflict(lambda: sink.write_next(missing), f"the backtest of {rule.slug}")
         return found.count(), result.rows
     finally:
         found.unpersist()

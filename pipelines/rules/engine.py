@@ -58,7 +58,7 @@ from pipelines.query import (
     stop_between_batches,
     without_codegen,
 )
-from pipelines.rules.alerts import alert_frame, detected, unseen
+from pipelines.rules.alerts import alert_frame, detected, unseen, writers_of
 from pipelines.rules.health import DISABLED, FAILING, INVALID, RuleHealth
 from pipelines.rules.pack import RulePack, default_rules_dir, scan_rules
 from pipelines.rules.spec import LOGIC, Rule, RuleError, query_name
@@ -182,14 +182,13 @@ class AlertWriter:
 
     def _append(self, alerts: DataFrame, batch_id: int) -> tuple[int, CommitResult | None]:
         """Commit the alerts `alerts_path` does not hold yet: (how many, the commit or None)."""
-        fresh = detected(mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake))
-        if fresh.isEmpty():
-            return 0, None
-        # Not cached: the write computes it again inside the sink's transaction, where Delta registers
-        # its read of `alerts`, so an alert a backtest or the intel sweep committed since the look
-        # above is left out, and one committed during the write fails this commit (retried).
-        result = self.sink.write_batch(fresh, batch_id)
-        return result.rows, result
+        with writers_of(self.lake, self.rule.id):
+            fresh = detected(mark(unseen(alerts, self.alerts_path, self.rule.id), self.lake)).persist()
+            try:
+                new = fresh.count()
+                return new, (self.sink.write_batch(fresh, batch_id) if new else None)
+            finally:
+                fresh.unpersist()
 
     def _report_late(self) -> None:
         """A platform alert (`seclake.rule_late_rows`) for each finished batch whose watermark
