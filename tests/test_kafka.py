@@ -146,6 +146,32 @@ def test_cli_starts_reports_and_stops_and_names_a_taken_port(tmp_path):
 
 # ---- seclake ship: sensor files -> Kafka, each line once ----------------------------------------
 
+def test_a_resumed_file_finds_its_zeek_header_a_chunk_at_a_time(monkeypatch):
+    # The whole file up to the resume point was read into memory (a multi-GB file on restart).
+    import io
+
+    from pipelines.kafka import ship
+
+    text = (b"#separator \\x09\n#fields\tts\tquery\n#types\ttime\tstring\n1\ta.test\n2\tb.test\n"
+            b"#close\tx\n#separator \\x09\n#fields\tts\tname\n3\tc.test\n4\td.test\n")
+    class Reads(io.BytesIO):
+        biggest = 0
+
+        def read(self, size: int | None = -1) -> bytes:
+            self.biggest = max(self.biggest, size if size is not None and size >= 0 else len(self.getvalue()))
+            return super().read(size)
+
+    monkeypatch.setattr(ship, "READ_BYTES", 7)  # chunks that cut lines, headers included
+    for offset in range(len(text) + 1):
+        tail = ship.Tail("zeek.dns", Path("dns.log"), Reads(text), "1:2")
+        tail.seek(offset)
+        assert tail.header == ship._zeek_header(text[:offset].split(b"\n"), []), offset
+        assert (tail.pos, tail.handle.tell(), tail.handle.biggest <= 7) == (offset, offset, True)
+    eve = ship.Tail("suricata.eve", Path("eve.json"), io.BytesIO(b'{"a":1}\n{"b":2}\n'), "1:3")
+    eve.seek(8)
+    assert (eve.header, [line for line, _ in eve.lines()]) == ([], [b'{"b":2}'])
+
+
 ZEEK_HEADER = ["#separator \\x09", "#set_separator\t,", "#empty_field\t(empty)", "#unset_field\t-", "#path\t{kind}",
                "#open\t2026-11-20-12-00-00", "#fields\tts\tuid\tquery", "#types\ttime\tstring\tstring"]
 

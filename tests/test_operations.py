@@ -301,7 +301,7 @@ def test_a_version_holding_a_batch_a_rollback_undid_is_refused_though_the_batch_
     assert _kept_batch(history, "etl", 5) is None
 
 
-def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
+def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path, monkeypatch):
     lake = Lake(Home.resolve(tmp_path / "home").create())
     with writer_lock(lake.home, STREAM):  # this process stands for a live `seclake stream`
         assert running_stream(lake.home) == os.getpid()
@@ -318,6 +318,13 @@ def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path):
     assert running_stream(lake.home) is None
     with pytest.raises(ValueError, match="unknown table"):
         plan_rollback(lake, "silver_nope", 0)
+    # A home whose ETL also reads Kafka, rolled back from a shell without SECLAKE_KAFKA: the Kafka
+    # stage's rows were undone and its checkpoint left past them (those messages never read again).
+    monkeypatch.delenv("SECLAKE_KAFKA", raising=False)
+    lake.home.checkpoint("etl_kafka").mkdir(parents=True)
+    with pytest.raises(ValueError, match="also reads Kafka .*set SECLAKE_KAFKA as its stream runs with"):
+        plan_rollback(lake, "silver_dns", 0)
+    lake.home.checkpoint("etl_kafka").rmdir()
     with pytest.raises(ValueError, match="unknown table 'silver_dnss'; did you mean 'silver_dns'?"):
         plan_rollback(lake, "silver_dnss", 0)
     with pytest.raises(ValueError, match="does not exist"):

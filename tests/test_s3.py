@@ -86,6 +86,27 @@ def test_the_s3_commands_name_the_running_servers_port_not_the_default(s3_server
     assert capsys.readouterr().out.strip() == f"s3 server running: {s3_server.endpoint}, pid {s3_server.pid()}"
 
 
+def test_a_home_on_the_store_keeps_its_state_schema_paths(on_server, tmp_path, monkeypatch):
+    # Compared with "file:s3a://...", every run "followed a move" of a home that never moved: the
+    # paths were rewritten to file:s3a://..., where no schema file is, and a warning said so each run.
+    import json
+
+    from pipelines.operations.relocate import follow_move
+
+    lake = f"s3a://lake/schemas-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("SECLAKE_LAKE", lake)
+    home = Home.resolve(tmp_path).create()
+    recorded = f"{lake}/checkpoints/dhcp_leases/state/0/_stateSchema/default/0_abc"
+    metadata = home.checkpoints / "dhcp_leases" / "state" / "0" / "_metadata" / "v2" / "0"
+    line = json.dumps({"stateStoreInfo": [{"stateSchemaFilePaths": [recorded]}]})
+    metadata.write_text(f"v2\n{line}")
+    try:
+        assert follow_move(home) == 0
+        assert metadata.read_text() == f"v2\n{line}"
+    finally:
+        remove_tree(ObjectPath.from_uri(lake))
+
+
 def test_a_home_refuses_another_lake_than_the_one_it_recorded(on_server, tmp_path, monkeypatch):
     monkeypatch.setenv("SECLAKE_LAKE", "s3a://lake/first")
     Home.resolve(tmp_path).create()

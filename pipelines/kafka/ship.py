@@ -89,10 +89,19 @@ class Tail:
     partial: bytes = b""
 
     def seek(self, offset: int) -> None:
-        """Go on after `offset` (a resume point); the Zeek header block above it still applies."""
+        """Go on after `offset` (a resume point); the Zeek header block above it still applies, found
+        a chunk at a time (a multi-GB file resumed is not read into memory; EVE has no header)."""
         self.handle.seek(0)  # type: ignore[attr-defined]
-        self.header = _zeek_header(self.handle.read(offset).split(b"\n"), [])  # type: ignore[attr-defined]
-        self.pos, self.partial = offset, b""
+        header: list[bytes] = []
+        if self.topic.startswith("zeek."):
+            rest, left = b"", offset
+            while left > 0 and (chunk := self.handle.read(min(READ_BYTES, left))):  # type: ignore[attr-defined]
+                left -= len(chunk)
+                *complete, rest = (rest + chunk).split(b"\n")
+                header = _zeek_header(complete, header)
+            header = _zeek_header([rest], header)
+        self.handle.seek(offset)  # type: ignore[attr-defined]
+        self.header, self.pos, self.partial = header, offset, b""
 
     def lines(self) -> Iterator[tuple[bytes, int]]:
         """The complete lines appended since the last call, each with the offset where it ends."""

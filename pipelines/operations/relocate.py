@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from pipelines.home import Home
+from pipelines.objectstore.path import ObjectPath
 
 # Left unescaped in a URI path (RFC 3986), as Hadoop's Path.toUri writes them: an entry must equal
 # the listed file's URI string for the file source to know it as read.
@@ -63,7 +64,8 @@ def _follow_state_schemas(home: Home) -> int:
     """Rewrite the state schema paths that a transformWithState operator's metadata records
     absolutely (`state/<op>/_metadata/v2/<batch>`: dhcp_leases) under another home's checkpoints;
     the query cannot start otherwise once the original is gone. The number of paths rewritten."""
-    checkpoints = f"file:{home.checkpoints}"
+    # As Spark records them: a URI for a lake on object storage, else a file: path.
+    checkpoints = str(home.checkpoints) if isinstance(home.checkpoints, ObjectPath) else f"file:{home.checkpoints}"
 
     def follow(entry: dict) -> int:
         changed = 0

@@ -251,9 +251,15 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
     query consistent with it (see the module docstring for the rule). Reads only the Delta logs and
     checkpoints.
     """
+    from pipelines import environment
+    from pipelines.etl import KAFKA_QUERY_NAME
     from pipelines.stages import stages
 
     Lake.spec(table)  # an unknown name is a ValueError listing the known ones
+    if not environment.kafka() and lake.home.checkpoint(KAFKA_QUERY_NAME).is_dir():
+        # Planned without the Kafka stage, its rows would be undone and its checkpoint left past them.
+        raise ValueError(f"this home's ETL also reads Kafka ({KAFKA_QUERY_NAME} has a checkpoint): set "
+                         "SECLAKE_KAFKA as its stream runs with, so that the rollback rewinds that stage too")
     if not lake.exists(table):
         raise ValueError(f"table {table} does not exist in {lake.home.root}")
     all_stages = stages(rules_dir)
