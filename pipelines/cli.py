@@ -22,7 +22,8 @@ def _home_arg(parser: argparse.ArgumentParser) -> None:
                              "(default: $SECLAKE_HOME or ./seclake-home)")
 
 
-def _settings_arg(parser: argparse.ArgumentParser, example: str = "trigger_interval='5 seconds'") -> None:
+def _settings_arg(parser: argparse.ArgumentParser, example: str) -> None:
+    """`--set NAME=VALUE`, its help naming `example`, a setting the command reads."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                         help=f"override a setting, e.g. --set {example} (see pipelines/settings.py)")
 
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_once = sub.add_parser("run-once", help="process everything in landing/ once (Trigger.AvailableNow) and stop")
     _home_arg(run_once)
-    _settings_arg(run_once)
+    _settings_arg(run_once, "input_ends_at=2026-11-20T02:00Z")
     run_once.add_argument("--only", action="append", metavar="STAGE",
                           help="run only this stage (repeatable), named as run-once's table names it "
                                "(etl, enriched_dns, rule_dns_tunneling, ...)")
@@ -193,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     stream = sub.add_parser("stream", help="run every query continuously until Ctrl-C/SIGTERM")
     _home_arg(stream)
-    _settings_arg(stream)
-    stream.add_argument("--report-every", type=seconds_arg, default=60.0, help="seconds between progress lines")
+    _settings_arg(stream, "trigger_interval='5 seconds'")
+    stream.add_argument("--report-every", type=seconds_arg, default=60.0,
+                        help="seconds between progress lines (default 60)")
     stream.add_argument("--only", choices=("tables", "rules"), default=None,
                         help="run one part in this process: the ETL and attribution, or the rules (by default "
                              "the rules run in a Spark application of their own that this command starts)")

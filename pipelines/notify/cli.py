@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pipelines.settings import seconds_arg
 
 Adder = Callable[[argparse.ArgumentParser], None]
+SettingsArg = Callable[[argparse.ArgumentParser, str], None]  # the parser, an example assignment
 
 
-def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg: Adder) -> None:
+def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg: SettingsArg) -> None:
     """Add `notify` to the `seclake` command line.
 
     >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
@@ -29,7 +30,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg:
     notify.add_argument("--every", type=seconds_arg, default=None,
                         help="seconds between passes with --follow (default 60)")
     home_arg(notify)
-    settings_arg(notify)
+    settings_arg(notify, "notify_min_severity=critical")
     notify.set_defaults(func=cmd_notify)
 
 
