@@ -118,6 +118,14 @@ def seclake(*args: str, home: Path) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=180)
 
 
+def test_lag_of_a_mistyped_home_is_refused_not_all_lag(tmp_path):
+    # It read as a home that had read nothing: every message in Kafka reported as lag.
+    done = seclake("kafka", "lag", home=tmp_path / "nope")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"seclake kafka: {tmp_path / 'nope'} is not a seclake home (no tables/ folder); is the path given "
+        "(--home) or SECLAKE_HOME right?"), done.stderr
+
+
 def test_cli_starts_reports_and_stops_and_names_a_taken_port(tmp_path):
     home, port = tmp_path / "home", str(free_port())
     assert seclake("kafka", "status", "--port", port, home=home).returncode == 1

@@ -301,6 +301,21 @@ def test_a_version_holding_a_batch_a_rollback_undid_is_refused_though_the_batch_
     assert _kept_batch(history, "etl", 5) is None
 
 
+def test_a_version_older_than_the_log_keeps_is_refused_in_one_line(spark, tmp_path):
+    # Delta's log clean-up removes commits older than 30 days: planning to one raised a KeyError.
+    lake = Lake(Home.resolve(tmp_path / "home").create())
+    lake.ensure(spark, "alert_triage")
+    row = spark.createDataFrame([("a1", "open", None, [], "ana", None)], lake.spec("alert_triage").schema)
+    for _ in range(2):
+        row.write.format("delta").mode("append").save(str(lake.path("alert_triage")))
+    (lake.path("alert_triage") / "_delta_log" / f"{0:020d}.json").unlink()
+    with pytest.raises(ValueError, match=r"--to-version must be between 1 and 2 \(the versions of alert_triage "
+                                         r"its log keeps\), not 0"):
+        plan_rollback(lake, "alert_triage", 0)
+    with pytest.raises(ValueError, match=r"^no query writes alert_triage \(seclake's commands keep it\)"):
+        plan_rollback(lake, "alert_triage", 1)  # it said "is written by 0 stages ()"
+
+
 def test_rollback_refuses_while_a_stream_runs_and_names_bad_input(tmp_path, monkeypatch):
     lake = Lake(Home.resolve(tmp_path / "home").create())
     with writer_lock(lake.home, STREAM):  # this process stands for a live `seclake stream`

@@ -137,7 +137,8 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         from pipelines.terminal import print_table
 
         bootstrap = environment.kafka() or broker.bootstrap
-        lag = consumer_lag(broker.home, bootstrap)
+        # A mistyped --home is refused, not reported as a home that has read nothing (all lag).
+        lag = consumer_lag(broker.home.existing(), bootstrap)
         print_table(["topic/partition", "lag"], [[name, n] for name, n in lag.items()])
         print(f"{sum(lag.values()):,} message(s) not yet in the lake from Kafka at {bootstrap}")
         return 0

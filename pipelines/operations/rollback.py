@@ -270,9 +270,11 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             histories[name] = _history(lake, name)
         return histories[name]
 
-    current = history(table)[-1]["version"]
-    if version is not None and (isinstance(version, bool) or not 0 <= version <= current):
-        raise ValueError(f"--to-version must be between 0 and {current} (the versions of {table}), not {version}")
+    oldest, current = history(table)[0]["version"], history(table)[-1]["version"]
+    if version is not None and (isinstance(version, bool) or not oldest <= version <= current):
+        # Older than `oldest`: Delta's log clean-up removed those commits (their files may be gone too).
+        raise ValueError(f"--to-version must be between {oldest} and {current} (the versions of {table} its log "
+                         f"keeps), not {version}")
     plan = RollbackPlan(table, version, cascade)
     after = [c for c in history(table) if version is not None and c["version"] > version]
     if version is not None and not any(c["changes_data"] for c in after):
@@ -294,6 +296,9 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             resets[rule.name] = _RULES_RESET
     else:
         writers = [s for s in all_stages if table in s.writes]
+        if not writers:
+            raise ValueError(f"no query writes {table} (seclake's commands keep it): rollback rewinds what the "
+                             "pipeline's queries write")
         if len(writers) != 1:
             raise ValueError(f"{table} is written by {len(writers)} stages ({', '.join(s.name for s in writers)}): "
                              "roll back the table they read instead, with --cascade")
