@@ -180,6 +180,19 @@ def test_a_rule_the_application_died_in_is_charged_at_its_next_start(spark, tmp_
     assert RuleStatus(spark, lake).get(rule.slug, rule.content_hash).state == OK  # a good batch clears it
 
 
+def test_a_death_left_in_a_version_no_longer_deployed_is_cleared_not_looked_at_for_ever(spark, lake):
+    # The marker of a rule bumped (or removed) after the run-once that died in it stayed: every
+    # run-once after it started a JVM to charge it, and charged nothing.
+    from pipelines.rules.engine import charge_in_flight, in_flight
+
+    old = lake.home.checkpoint("rule_dga_nxdomain_burst") / "v0-plan1"
+    old.mkdir(parents=True)
+    (old / RUNNING_MARKER).write_text("once")
+    assert in_flight(lake, "once") == [old / RUNNING_MARKER]
+    assert charge_in_flight(spark, lake, QUICK, kind="once") == []
+    assert in_flight(lake, "once") == []
+
+
 def test_a_run_once_death_among_several_rules_makes_suspects_probed_alone_and_a_lone_one_is_charged(spark, lake):
     """Run-once runs the rules side by side (`stages.waves`): the rules a dead run left in a batch
     become suspects, not backed off and never disabled by that death, which the next run-once

@@ -546,6 +546,10 @@ def charge_in_flight(spark: SparkSession, lake: Lake, settings: Settings,
     for rule, marker in flying:
         status.update(rule.slug, rule.content_hash, charge)
         marker.unlink()
+    # A marker in the checkpoint of a version or rule no longer deployed charges nothing, and left
+    # there it would make every run-once start a JVM to look at it again.
+    for marker in in_flight(lake, kind):
+        marker.unlink(missing_ok=True)
     return [rule.slug for rule, _ in flying]
 
 
