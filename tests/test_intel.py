@@ -87,6 +87,13 @@ def test_stix_bundle_gives_its_domain_and_ip_indicators_and_reports_the_rest(tmp
         read_feed(path)
 
 
+def test_a_csv_with_a_domain_and_an_ip_column_loads_both():
+    # Only the first indicator column was read: the IPs vanished, and a row with only an IP was "skipped: ''".
+    feed = parse_feed("domain,ip\nevil.test,203.0.113.9\n,198.51.100.7\n,\n")
+    assert feed.indicators == [("domain", "evil.test"), ("ip", "203.0.113.9"), ("ip", "198.51.100.7")]
+    assert len(feed.skipped) == 1  # the row with neither
+
+
 def test_a_file_without_indicators_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="missing.txt does not exist"):
         read_feed(tmp_path / "missing.txt")

@@ -92,22 +92,28 @@ def parse_feed(text: str) -> Feed:
     >>> feed = parse_feed('# "first_seen_utc","dst_ip"\\n"2026-11-01","192.0.2.4"\\n"2026-11-02"\\n')  # a short row
     >>> feed.indicators, len(feed.skipped)
     ([('ip', '192.0.2.4')], 1)
+
+    Every indicator column of a CSV is read, a row's empty cells left out:
+
+    >>> parse_feed("domain,ip\\nevil.test,203.0.113.9\\n,198.51.100.7\\n").indicators
+    [('domain', 'evil.test'), ('ip', '203.0.113.9'), ('ip', '198.51.100.7')]
     """
     if text.lstrip().startswith("{"):
         return parse_stix(text)
     lines = text.splitlines()
-    header_at, column = _csv_header(lines)
+    header_at, columns = _csv_header(lines)
     found: dict[tuple[str, str], None] = {}
     skipped: list[str] = []
-    if column is None:
+    if not columns:
         values = [line.split("#", 1)[0].split(";", 1)[0].strip() for line in lines]
         values = [v for v in values if v]
     else:
         body = [line for line in lines[header_at + 1:] if line.strip() and not line.lstrip().startswith("#")]
         header = lines[header_at].lstrip("#").strip()
-        # A short (truncated) row has None for its missing columns: skipped as an empty value.
-        values = [row.get(column) or "" for row in csv.DictReader(io.StringIO("\n".join([header, *body])),
-                                                                  skipinitialspace=True)]
+        values = []
+        for row in csv.DictReader(io.StringIO("\n".join([header, *body])), skipinitialspace=True):
+            # A short (truncated) row has None for its missing columns: with no value, skipped as empty.
+            values += [v for c in columns if (v := row.get(c))] or [""]
     for value in values:
         indicator = classify(value)
         if indicator is None:
@@ -212,15 +218,15 @@ def parse_stix(text: str, now: datetime | None = None) -> Feed:
     return Feed(list(found), skipped)
 
 
-def _csv_header(lines: list[str]) -> tuple[int, str | None]:
-    """(line index, indicator column) of a CSV header among the first lines, or (-1, None)."""
+def _csv_header(lines: list[str]) -> tuple[int, list[str]]:
+    """(line index, indicator columns as written) of a CSV header among the first lines, or (-1, [])."""
     for index, line in enumerate(lines[:50]):
-        names = [n.strip().strip('"').lower() for n in line.lstrip("#").split(",")]
-        if len(names) > 1:
-            for column in CSV_COLUMNS:
-                if column in names:
-                    return index, line.lstrip("#").strip().split(",")[names.index(column)].strip().strip('"')
-    return -1, None
+        written = [n.strip().strip('"') for n in line.lstrip("#").strip().split(",")]
+        if len(written) > 1:
+            columns = [name for name in written if name.lower() in CSV_COLUMNS]
+            if columns:
+                return index, columns
+    return -1, []
 
 
 def read_feed(path: Path) -> Feed:
