@@ -16,7 +16,7 @@ def add_commands(sub: argparse._SubParsersAction, home_arg: Adder, settings_arg:
     """Add `notify` to the `seclake` command line.
 
     >>> parser = argparse.ArgumentParser(prog="seclake"); sub = parser.add_subparsers(dest="command")
-    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p: p.add_argument("--set", dest="overrides"))
+    >>> add_commands(sub, lambda p: p.add_argument("--home"), lambda p, _: p.add_argument("--set", dest="overrides"))
     >>> parser.parse_args(["notify", "--follow", "--every", "30"]).every
     30.0
     """
