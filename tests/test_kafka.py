@@ -271,7 +271,7 @@ def test_ship_follows_rotation_and_loses_and_repeats_nothing_across_sigkills(bro
     rng = random.Random(11)
     sensor = Sensor(tmp_path / "sensor", seed=11)
     cmd = [sys.executable, "-m", "pipelines.cli", "ship", str(sensor.folder), "--kafka", broker.bootstrap,
-           "--poll", "0.1"]
+           "--poll", "0.1", "--rotate-wait", "0.5"]
 
     def start() -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -363,6 +363,57 @@ def test_ship_says_a_folder_has_no_current_log_and_ships_its_rotations_once_one_
         shipper.flush()
     assert shipper.shipped == 5
     assert consume_all(broker.bootstrap, "zeek.dns", 5) == old + new
+
+
+def test_ship_reads_a_renamed_file_until_the_sensor_stops_writing_it(broker, tmp_path):
+    """logrotate renames eve.json and creates a new one, then Suricata writes the renamed file until
+    it handles the HUP: those lines were lost once the shipper had switched to the new file."""
+    import os
+
+    from pipelines.kafka.ship import Shipper
+
+    folder = tmp_path / "suricata"
+    folder.mkdir()
+    (folder / "eve.json").write_bytes(b'{"n":1}\n{"n":2}\n')
+    shipper = Shipper(folder, broker.bootstrap, rotate_wait_s=60)
+    shipper.step()
+    (folder / "eve.json").rename(folder / "eve.json.1")
+    (folder / "eve.json").write_bytes(b'{"n":4}\n')
+    shipper.step()
+    with open(folder / "eve.json.1", "ab") as still_open:  # before the HUP reaches Suricata
+        still_open.write(b'{"n":3}\n')
+    shipper.step()
+    assert shipper.shipped == 3  # the new file waits while the renamed one may still be written
+    quiet = time.time() - 61
+    os.utime(folder / "eve.json.1", (quiet, quiet))
+    shipper.step()
+    shipper.flush()
+    got = consume_with_headers(broker.bootstrap, "suricata.eve", 4)
+    assert [value for value, _ in got] == [b'{"n":%d}' % i for i in range(1, 5)]
+    assert all(headers["seclake.head"].startswith(b"%d:" % min(int(headers["seclake.end"]), 1024))
+               for _, headers in got)
+
+
+def test_ship_resumes_a_file_with_the_shipped_files_inode_but_other_bytes_from_its_start(broker, tmp_path, caplog):
+    """A file deleted while the shipper was down gives its inode to the next new file (here: the same
+    inode rewritten): resuming at the old offset skipped the new file's first lines."""
+    from pipelines.kafka.ship import Shipper
+
+    folder = tmp_path / "zeek"
+    folder.mkdir()
+    (folder / "dns.log").write_bytes(b'{"_path":"dns","n":1}\n{"_path":"dns","n":2}\n')
+    first = Shipper(folder, broker.bootstrap)
+    first.step()
+    first.flush()
+    fresh = [b'{"_path":"dns","n":%d,"file":"new"}' % i for i in range(10, 14)]
+    with open(folder / "dns.log", "r+b") as same_inode:
+        same_inode.write(b"\n".join(fresh) + b"\n")
+    with caplog.at_level("WARNING", logger="seclake"):
+        again = Shipper(folder, broker.bootstrap)
+        again.step()
+        again.flush()
+    assert "dns.log has its inode but not its first bytes" in caplog.text
+    assert consume_all(broker.bootstrap, "zeek.dns", 6)[2:] == fresh
 
 
 # ---- the ETL from Kafka: topics -> bronze, quarantine, silver, exactly the file path's rows ------

@@ -39,6 +39,7 @@ def add_ship_command(sub: argparse._SubParsersAction) -> None:
     '127.0.0.1:9092'
     """
     from pipelines.kafka.broker import DEFAULT_PORT
+    from pipelines.kafka.ship import ROTATE_WAIT_S
 
     ship = sub.add_parser("ship", help="tail a sensor's log folder (Zeek current logs, Suricata eve.json) into "
                                        "Kafka topics, each line once; Ctrl-C/SIGTERM to stop")
@@ -46,6 +47,10 @@ def add_ship_command(sub: argparse._SubParsersAction) -> None:
     ship.add_argument("--kafka", default=f"127.0.0.1:{DEFAULT_PORT}",
                       help=f"bootstrap servers (default 127.0.0.1:{DEFAULT_PORT}, the development broker)")
     ship.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the files (default 0.5)")
+    ship.add_argument("--rotate-wait", type=float, default=ROTATE_WAIT_S, metavar="SECONDS",
+                      help="a renamed (rotated) file is read until it has had no write for this long, then "
+                           f"the new file (default {ROTATE_WAIT_S:g}: logrotate renames, the sensor writes on "
+                           "until its HUP)")
     ship.set_defaults(func=cmd_ship)
 
 
@@ -111,7 +116,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    shipper = Shipper(args.folder, args.kafka)
+    shipper = Shipper(args.folder, args.kafka, args.rotate_wait)
     print(f"seclake ship: {args.folder} -> Kafka {args.kafka}; Ctrl-C to stop", flush=True)
     shipped = shipper.run(stop, args.poll)
     print(f"seclake ship: stopped, {shipped:,} line(s) shipped", flush=True)

@@ -6,10 +6,13 @@ What a log shipper does between a sensor and Kafka, for Zeek's current logs (`co
 
 - only complete lines are sent (a line still being written waits for its newline);
 - rotation is followed: a file renamed away (Zeek's `dns.log` -> `dns.<time>.log`) is read to its
-  end through the handle already open, then the new file from its start;
+  end through the handle already open, then the new file from its start; the switch waits until
+  the renamed file has had no write for `ROTATE_WAIT_S` (logrotate renames, then Suricata keeps
+  writing the renamed file until it handles the HUP);
 - **exactly once across restarts, with no state file**: every message carries where its line
-  ended (`seclake.file`: device and inode, `seclake.end`: byte offset) in its Kafka headers. On
-  start, the last message of each topic says where shipping stopped; the producer is idempotent
+  ended (`seclake.file`: device and inode, `seclake.end`: byte offset, `seclake.head`: a digest of
+  the file's first bytes, so a new file that got a deleted file's inode is not taken for it) in
+  its Kafka headers. On start, the last message of each topic says where shipping stopped; the producer is idempotent
   with `acks=all`, so a topic never holds a later line without every earlier one, and a
   restarted shipper neither skips nor repeats a line, whenever it was killed.
 - Zeek TSV lines carry their file's header block (`#separator` .. `#types`) in the
@@ -20,6 +23,7 @@ the same last message.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -27,7 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("seclake")
 
@@ -46,8 +50,15 @@ LIBRDKAFKA_LOG.parent = logging.getLogger("seclake")
 # The files a sensor writes and their topic: Zeek `<kind>.log`, Suricata `eve.json`.
 EVE = "eve.json"
 HEADER_FILE, HEADER_END, HEADER_ZEEK = "seclake.file", "seclake.end", "seclake.zeek_header"
+HEADER_HEAD = "seclake.head"
 POLL_S = 0.5
 READ_BYTES = 1 << 20
+# A renamed file written this recently may still be written: logrotate renames `eve.json` (and
+# creates the new one), and Suricata writes the renamed file until its HUP is handled.
+ROTATE_WAIT_S = 5.0
+# A file is known by its inode and its first bytes: Zeek's first ~300 bytes are its header, whose
+# `#open` line holds the file's start time; an EVE line starts with its timestamp.
+HEAD_BYTES = 1024
 
 
 # Suricata's own text logs beside eve.json: not Zeek logs, whatever their `.log` name says.
@@ -87,6 +98,18 @@ class Tail:
     pos: int = 0
     header: list[bytes] = field(default_factory=list)
     partial: bytes = b""
+    head: str = ""  # the digest of the first HEAD_BYTES bytes, once the file has that many
+
+    def fingerprint(self, end: int) -> str:
+        """`<n>:<digest>` of the file's first n = min(end, HEAD_BYTES) bytes: what `seclake.head`
+        carries for a line ending at `end`, and what a resumed file must still begin with."""
+        if end >= HEAD_BYTES and self.head:
+            return self.head
+        data = os.pread(self.handle.fileno(), min(end, HEAD_BYTES), 0)  # type: ignore[attr-defined]
+        digest = f"{len(data)}:{hashlib.blake2b(data, digest_size=12).hexdigest()}"
+        if len(data) == HEAD_BYTES:
+            self.head = digest
+        return digest
 
     def seek(self, offset: int) -> None:
         """Go on after `offset` (a resume point); the Zeek header block above it still applies, found
@@ -177,13 +200,22 @@ def _partitions(consumer: Any, bootstrap: str, topic: str, timeout_s: float) -> 
         time.sleep(1.0)
 
 
-def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> dict[str, tuple[str, int]]:
-    """topic -> (file id, end offset) of the last message each topic holds (absent: never shipped)."""
+class ResumePoint(NamedTuple):
+    """Where a topic's last message says shipping stopped: the file (`file_id`), the offset its line
+    ended at, and the file's `Tail.fingerprint` then (None from a shipper before it was sent)."""
+
+    ident: str
+    end: int
+    head: str | None
+
+
+def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> dict[str, ResumePoint]:
+    """topic -> the `ResumePoint` of the last message each topic holds (absent: never shipped)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "seclake-ship-resume",
                          "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
-    found: dict[str, tuple[str, int]] = {}
+    found: dict[str, ResumePoint] = {}
     try:
         for topic in topics:
             partitions = _partitions(consumer, bootstrap, topic, timeout_s)
@@ -206,7 +238,7 @@ def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) ->
                 if HEADER_FILE not in headers or HEADER_END not in headers:
                     raise ValueError(f"topic {topic}: its last message was not written by seclake ship (no "
                                      f"{HEADER_FILE} header); give the shipper topics of its own")
-                found[topic] = (headers[HEADER_FILE], int(headers[HEADER_END]))
+                found[topic] = ResumePoint(headers[HEADER_FILE], int(headers[HEADER_END]), headers.get(HEADER_HEAD))
                 break
             else:
                 raise RuntimeError(f"could not read the last message of topic {topic} within {timeout_s:.0f} s")
@@ -218,13 +250,14 @@ def resume_points(bootstrap: str, topics: list[str], timeout_s: float = 30.0) ->
 class Shipper:
     """Ships the sensor files of `folder` to the Kafka at `bootstrap` until `stop` is set."""
 
-    def __init__(self, folder: Path, bootstrap: str) -> None:
+    def __init__(self, folder: Path, bootstrap: str, rotate_wait_s: float = ROTATE_WAIT_S) -> None:
         from confluent_kafka import Producer
 
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (the sensor's log folder)")
         self.folder = folder
         self.bootstrap = bootstrap
+        self.rotate_wait_s = rotate_wait_s
         # No message ever times out (message.timeout.ms=0): a line given up on while later ones
         # get through would be a line lost. A broker that is away is waited for.
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
@@ -232,7 +265,7 @@ class Shipper:
                                   "logger": LIBRDKAFKA_LOG, "error_cb": self._error})
         self.away = False
         self.tails: dict[str, Tail] = {}
-        self.resume: dict[str, tuple[str, int]] | None = None
+        self.resume: dict[str, ResumePoint] | None = None
         self.shipped = 0
         self.failure: str | None = None
         self.done: set[str] = set()  # files shipped to their end and closed (rotated)
@@ -298,6 +331,11 @@ class Shipper:
                 tail.handle.seek(0)  # type: ignore[attr-defined]
                 tail.pos, tail.partial = 0, b""
             if tail.ident != file_id(stat):
+                self._send_lines(tail)
+                if time.time() - os.fstat(tail.handle.fileno()).st_mtime < self.rotate_wait_s:  # type: ignore[attr-defined]
+                    # Maybe still written: the new file's lines wait, so that the topic holds a file's
+                    # lines before the next file's (a restart resumes from the topic's last message).
+                    continue
                 # Opened before the rotated files are listed: a rotation from here on is seen next pass.
                 new = self._open(topic, path)
                 self._finish(tail, new)
@@ -336,19 +374,35 @@ class Shipper:
             if point is None:
                 log.info("topic %s holds no line of %s yet: shipping its files from the oldest", topic, self.folder)
                 self._ship_rotated(tail, 0)  # never shipped: everything the folder holds, oldest first
-            elif point[0] == tail.ident:
-                tail.seek(point[1])
-            elif point is not None:
-                rotated = next((p for p in self._rotated(topic) if file_id(p.stat()) == point[0]), None)
-                if rotated is None:
-                    log.warning("the file %s was last shipped from is no longer in %s (rotated "
-                                "elsewhere?); lines it got after offset %d, and files rotated after it, were "
-                                "not shipped", topic, self.folder, point[1])
+            elif self._is(tail, point):
+                tail.seek(point.end)
+            else:
+                old = None
+                for path in (p for p in self._rotated(topic) if file_id(p.stat()) == point.ident):
+                    if self._is(opened := self._open(topic, path), point):
+                        old = opened
+                        break
+                    opened.handle.close()  # type: ignore[attr-defined]
+                if old is None:
+                    log.warning("the file %s was last shipped from is no longer in %s (rotated elsewhere, "
+                                "or deleted%s); lines it got after offset %d, and files rotated after it, were "
+                                "not shipped", topic, self.folder,
+                                f": {tail.path.name} has its inode but not its first bytes"
+                                if point.ident == tail.ident else "", point.end)
                 else:
-                    old = self._open(topic, rotated)
-                    old.seek(point[1])
+                    old.seek(point.end)
                     self._finish(old, tail)
             self.tails[topic] = tail
+
+    @staticmethod
+    def _is(tail: Tail, point: ResumePoint) -> bool:
+        """Whether `tail`'s file is the one `point` was shipped from: its inode, and (inodes are
+        reused once a file is deleted) the same first bytes."""
+        if tail.ident != point.ident:
+            return False
+        if point.head is None:
+            return True
+        return tail.fingerprint(int(point.head.partition(":")[0])) == point.head
 
     def _finish(self, tail: Tail, current: Tail) -> None:
         """`tail`'s file was rotated: ship the rest of it (its open handle still reads it), then every
@@ -399,7 +453,8 @@ class Shipper:
                 continue
             if not text:
                 continue
-            headers: list[tuple[str, str | bytes | None]] = [(HEADER_FILE, tail.ident), (HEADER_END, str(end))]
+            headers: list[tuple[str, str | bytes | None]] = [(HEADER_FILE, tail.ident), (HEADER_END, str(end)),
+                                                             (HEADER_HEAD, tail.fingerprint(end))]
             if block:
                 headers.append((HEADER_ZEEK, block))
             while True:
