@@ -18,6 +18,7 @@ ESCAPE_FUNCTIONS: dict[str, str] = {
     "try_reflect": _REFLECTION,
     "read_files": "reads arbitrary files",
     "identifier": "builds table or column names at run time, which the sandbox cannot check",
+    "table_changes_by_path": "reads a Delta table by its path",
 }
 """Functions refused anywhere in a statement (lambdas and subqueries included), with the reason."""
 
@@ -94,8 +95,11 @@ def check_tokens(tokens: list[Token]) -> None:
     """The same policy for a statement sqlglot cannot parse, from its tokens: conservative, since a
     column named like an escape function is refused too; Spark rejects the syntax in most cases anyway."""
     describe = bool(tokens) and tokens[0].token_type.name == "DESCRIBE"
-    for token in tokens:
+    for token, after in zip(tokens, [*tokens[1:], None], strict=True):
         kind, text = token.token_type.name, token.text
+        if kind == "USING" and after is not None and after.token_type.name == "STRING":
+            # Hive's MAP ... USING / REDUCE ... USING, which sqlglot cannot parse: TRANSFORM's synonyms.
+            raise SandboxError("TRANSFORM (MAP, REDUCE) ... USING runs an external command: not allowed")
         if describe and kind == "STRING" and ("/" in text or ":" in text):  # Delta's DESCRIBE DETAIL '/path'
             raise SandboxError(f"file-path read '{text}' is not allowed; read seclake tables by name")
         if kind in ("VAR", "IDENTIFIER") and text.lower() in ESCAPE_FUNCTIONS:

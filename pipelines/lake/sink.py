@@ -211,9 +211,10 @@ def _append(spark: SparkSession, txn, df: DataFrame, app_id: str, batch_id: int,
     """Write `df`'s files and commit them with the app id's txn in `txn`: (version, rows), or
     (None, 0) when `df` had no row and nothing was committed (unless `empty_commits`: a new table).
 
-    What Delta's DataFrame writer does for an append to a table of the same schema, the
-    transaction active while `df` runs as it is there (Delta registers a read of the table inside
-    `df`, as the rules' de-duplication against `alerts`, with the active transaction).
+    What Delta's DataFrame writer does for an append to a table of the same schema, with the
+    transaction active while `df` runs, as it is there (a read of the table that Delta plans inside
+    `df` is registered with the active transaction). The rules' de-duplication against `alerts` is
+    not such a read: it is cached before the write, under the rule's `writers_of` lock.
     """
     # A thread-local of the object OptimisticTransaction (py4j keeps one JVM thread per Python thread).
     active = scala_object(spark, "org.apache.spark.sql.delta.OptimisticTransaction$")
