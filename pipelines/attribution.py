@@ -202,11 +202,15 @@ class IpLeases:
                 self._close(m.ts, m.kind)
             return
         # INFORM and lease-less ACKs are evidence of the binding without a term: the default lease.
-        lease_ms = int(m.lease_time * 1000) if m.lease_time and m.lease_time > 0 else self.default_lease_ms
-        hostname = m.hostname
+        termless = not (m.lease_time and m.lease_time > 0)
+        expires = m.ts + (self.default_lease_ms if termless else int(m.lease_time * 1000))  # type: ignore[operator]
+        lease_ms = expires - m.ts
+        hostname, lease_time = m.hostname, m.lease_time
         if held is not None and held.mac == m.mac:
             start = "renew"
             hostname = hostname or held.hostname
+            if termless:  # confirms the holder's binding: never shortens the lease it was granted
+                expires, lease_time = max(expires, held.expires), held.lease_time
             self._close(m.ts, "renew")
         elif held is not None:
             start = "ack"
@@ -225,7 +229,7 @@ class IpLeases:
                 start = "renew"
         if m.kind == "inform":
             start = "inform"
-        self.open = OpenLease(m.mac, hostname, m.ts, m.ts + lease_ms, m.lease_time, start)
+        self.open = OpenLease(m.mac, hostname, m.ts, expires, lease_time, start)
 
     def _split(self, held: OpenLease, at: int) -> None:
         """Emit the open lease `held` up to `at`; it stays held from there."""
@@ -270,9 +274,14 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     """silver_dhcp rows -> the messages that move a lease, keyed by the IP they are about.
 
     ACK grants `assigned_addr`, or `client_addr` for a renewal ACK without one; INFORM shows a
-    client using `client_addr` (set otherwise; it only asks for options); RELEASE and DECLINE give
-    back `client_addr` (`requested_addr` for DECLINE). Other lines (DISCOVER, OFFER, REQUEST
-    alone, NAK) grant nothing and are dropped here.
+    client using `client_addr` (set otherwise; it only asks for options), and so does an ACK with
+    neither an assigned address nor a lease time (the answer to an INFORM, a line of its own in
+    Suricata); RELEASE and DECLINE give back `client_addr` (`requested_addr` for DECLINE). Other
+    lines (DISCOVER, OFFER, REQUEST alone, NAK) grant nothing and are dropped here.
+
+    An ACK is a renewal (the client used the address before it) only when the client sent from
+    it and asked for no address: Zeek fills `client_addr` with the assigned address for a
+    DISCOVER ... ACK or a rebooting client's REQUEST (`requested_addr` set), which are not.
 
     >>> acked = spark.sql("SELECT TIMESTAMP'2026-11-20 10:00:00' AS event_time, 'e1' AS event_id, array('ACK') AS "
     ...                   "msg_types, '' AS client_addr, '10.0.0.7' AS assigned_addr, NULL AS requested_addr, "
@@ -281,7 +290,9 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     Row(kind='ack', ip='10.0.0.7', mac='08:00:27:5e:9a:a6', renewal=False)
     """
     types = F.col("msg_types")
+    answers_inform = _address("assigned_addr").isNull() & ~(F.col("lease_time") > 0).eqNullSafe(True)
     kind = (F.when(F.array_contains(types, "INFORM"), F.lit("inform"))
+            .when(F.array_contains(types, "ACK") & answers_inform, F.lit("inform"))
             .when(F.array_contains(types, "ACK"), F.lit("ack"))
             .when(F.array_contains(types, "RELEASE"), F.lit("release"))
             .when(F.array_contains(types, "DECLINE"), F.lit("decline")))
@@ -292,7 +303,8 @@ def dhcp_messages(dhcp: DataFrame) -> DataFrame:
     return (dhcp
             .select("event_time", "event_id", kind.alias("kind"), ip.alias("ip"),
                     F.lower(F.trim("mac")).alias("mac"), "hostname", "lease_time",
-                    (client.isNotNull() & (client == ip)).alias("renewal"))
+                    (client.isNotNull() & (client == ip) & _address("requested_addr").isNull()
+                     & ~F.array_contains(types, "DISCOVER")).alias("renewal"))
             .where(F.col("kind").isNotNull() & F.col("ip").isNotNull() & F.col("mac").isNotNull())
             .withColumn("ts", F.unix_millis("event_time")))
 

@@ -193,6 +193,40 @@ def test_backfill_default_lease_and_races_without_spark():
         book.advance([Message(500 * minute, "4", "ack", "z")], until=400 * minute)
 
 
+def test_an_ack_without_a_lease_time_never_shortens_the_holders_lease_without_spark():
+    # Windows' INFORM answered by an ACK with no lease time (Suricata logs it on its own line): the
+    # holder's 24-hour lease was cut to the default hour, and its later events had no device.
+    minute = 60_000
+    book = IpLeases("10.1.0.80", segment_ms=24 * 60 * minute, default_lease_ms=60 * minute)
+    out = book.advance([Message(0, "1", "ack", "aa", lease_time=86400.0),
+                        Message(60 * minute, "2", "ack", "aa")], until=180 * minute)
+    assert [(s.mac, s.valid_from // minute, s.valid_to // minute) for s in out] == [("aa", 0, 60)]
+    assert book.open is not None and (book.open.mac, book.open.expires) == ("aa", 24 * 60 * minute)
+    # A lease-less ACK to a client holding nothing is still a binding of the default length.
+    book = IpLeases("10.1.0.81", segment_ms=24 * 60 * minute, default_lease_ms=60 * minute)
+    out = book.advance([Message(0, "1", "ack", "bb")], until=180 * minute)
+    assert [(s.mac, s.valid_from // minute, s.valid_to // minute, s.end_reason) for s in out] == [
+        ("bb", 0, 60, "expire")]
+
+
+def test_zeeks_dora_is_not_a_renewal_and_an_ack_to_an_inform_is_an_inform(spark):
+    # Zeek fills client_addr with the assigned address when the client never sent from it (its
+    # dhcp/main.zeek): the MACCDC capture's DORA lines have client = requested = assigned. Taken for
+    # renewals, they backfilled the new device over the 10 minutes before it came.
+    rows = [dhcp("dora", at(0, 40), "0a:00:00:00:00:01", ["DISCOVER", "OFFER", "REQUEST", "ACK"],
+                 assigned="10.1.0.5", client="10.1.0.5", requested="10.1.0.5"),
+            dhcp("reboot", at(0, 41), "0a:00:00:00:00:01", ["REQUEST", "ACK"], assigned="10.1.0.5", client="10.1.0.5",
+                 requested="10.1.0.5"),
+            dhcp("renew", at(0, 42), "0a:00:00:00:00:01", ["REQUEST", "ACK"], assigned="10.1.0.5", client="10.1.0.5"),
+            dhcp("answer", at(0, 43), "0a:00:00:00:00:02", ["ACK"], client="10.1.0.9", lease=None)]
+    schema = SILVER_SCHEMAS["silver_dhcp"]
+    full = [{**{name: None for name in schema.fieldNames()}, "event_date": r["event_time"].date(), **r} for r in rows]
+    frame = spark.createDataFrame([tuple(r[n] for n in schema.fieldNames()) for r in full], schema)
+    got = {r.event_id: (r.kind, r.ip, r.renewal) for r in attribution.dhcp_messages(frame).collect()}
+    assert got == {"dora": ("ack", "10.1.0.5", False), "reboot": ("ack", "10.1.0.5", False),
+                   "renew": ("ack", "10.1.0.5", True), "answer": ("inform", "10.1.0.9", True)}
+
+
 def test_an_end_of_input_mark_cuts_just_after_itself_without_spark():
     minute = 60_000
     book = IpLeases("10.1.0.40", segment_ms=10 * minute)

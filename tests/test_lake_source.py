@@ -138,6 +138,19 @@ def test_read_limit_splits_one_commit_and_available_now_stops_at_its_start(spark
     assert ids(later) == [900]
 
 
+def test_without_a_limit_commits_of_more_than_a_thousand_files_are_one_batch(spark, tmp_path):
+    # Delta's default cap (1,000 files) split them: a rebuild's first batch took part of the files and
+    # every end-of-input mark, and the rest of the rows came after the watermark had moved to the marks.
+    table = tmp_path / "t"
+    for _ in range(2):
+        spark.range(1005).repartition(1005).write.format("delta").mode("append").save(str(table))
+
+    batches, progress = run_available_now(spark, table, tmp_path / "ck")
+
+    assert [n for n in progress if n] == [2010]
+    assert len(batches) == 1
+
+
 def test_byte_limit_admits_at_least_one_file(spark, tmp_path):
     table = tmp_path / "t"
     append(table, events(spark, 0, 3, 1), events(spark, 3, 3, 2))

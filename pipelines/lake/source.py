@@ -37,6 +37,9 @@ class OldCheckpointError(RuntimeError):
     """A checkpoint written by the pre-delta-spark Python source, whose offsets Delta cannot read."""
 
 
+WHOLE_COMMITS = 1_000_000_000  # files per micro-batch: no cap a table reaches
+
+
 def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_version: int | str | None = None,
                 max_files: int | None = None, max_bytes: int | None = None) -> DataFrame:
     """Stream the rows appended to the Delta table at `path`.
@@ -46,7 +49,8 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
     commits made after the query starts; a number, every commit from that version on. (Like
     Delta's own, these apply only to a new checkpoint; a query resumes from its checkpoint.)
     `max_files` / `max_bytes` cap each micro-batch (also under Trigger.AvailableNow, which then
-    runs several batches). A commit that only removes files (retention's delete of old
+    runs several batches); with neither, a micro-batch takes every new commit whole (Delta's own
+    default would cap it at 1,000 files). A commit that only removes files (retention's delete of old
     partitions) is skipped; one that rewrites rows stops the stream (Delta's error).
 
     >>> import tempfile
@@ -69,6 +73,10 @@ def read_stream(spark: SparkSession, path: str | os.PathLike, *, starting_versio
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{option} must be a positive integer, not {value!r}")
             options[option] = str(value)
+    if max_files is None and max_bytes is None:
+        # Delta caps an unlimited read at 1,000 files: a rebuild's first batch would take 1,000 files
+        # and every end-of-input mark, and the watermark, moved to the marks, would drop the rest as late.
+        options["maxFilesPerTrigger"] = str(WHOLE_COMMITS)
     if starting_version in (None, "earliest") and replayable(uri):
         options["startingVersion"] = "0"
     # Delta reads the table's schema (its log, updated) here, so a missing table fails now, not at
