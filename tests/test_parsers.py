@@ -47,6 +47,7 @@ def data_lines(path: Path, source: str) -> int:
     data = path.read_bytes()
     if path.suffix == ".gz":
         data = gzip.decompress(data)
+    data = data.removeprefix("\ufeff".encode())  # a byte-order mark is not part of the first line
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
@@ -349,6 +350,11 @@ def corpus(spark, tmp_path_factory) -> dict[str, dict]:
         "1763643605.0\tCo1\t10.0.0.9\t68\t10.0.0.1\t67\t00:11:22:33:44:55\t10.0.0.9\t3600.000000\t42",
     ])
     write(zeek / "dns.noheader.log", ["\t".join(dns_values())])
+    write(zeek / "dns.bom.log", ["\ufeff" + zeek_header("dns", ZEEK_DNS_FIELDS, ZEEK_DNS_TYPES)[0],
+                                 *zeek_header("dns", ZEEK_DNS_FIELDS, ZEEK_DNS_TYPES)[1:], good])
+    # A separator spelled as a byte that is no character: its decoding failed the whole batch.
+    write(zeek / "dns.badsep.log", ["#separator \\xff", *zeek_header("dns", ZEEK_DNS_FIELDS, ZEEK_DNS_TYPES)[1:],
+                                    good])
     write(zeek / "dns.json", [
         json.dumps({"ts": 1763643606.25, "uid": "CJ1", "id.orig_h": "10.0.0.10", "id.orig_p": 1000,
                     "id.resp_h": "10.0.0.1", "id.resp_p": 53, "proto": "udp", "query": "epoch.example",
@@ -424,6 +430,11 @@ def corpus(spark, tmp_path_factory) -> dict[str, dict]:
         json.dumps({"timestamp": ts, "flow_id": 7, "event_type": "dns", **flow5,                   # 22 IPv6
                     "src_ip": "fe80:0000:0000:0000:0a00:27ff:fe5e:9aa6", "dest_ip": "ff02::fb",
                     "dns": {"type": "query", "id": 1, "rrname": "v6.local", "rrtype": "PTR"}}),
+        json.dumps(alert) + json.dumps({**alert, "flow_id": 2}),                                   # 23 two joined
+        json.dumps({**alert, "timestamp": "13:00:00.000001+0200"}),                                # 24 no date
+        json.dumps({"timestamp": ts, "flow_id": 8, "event_type": "flow", **flow5,                  # 25 overflow
+                    "flow": {"start": -9000000000000, "end": 9000000000000}}),
+        json.dumps({**alert, "alert": {**alert["alert"], "signature": "ET braces }{ in a string"}}),  # 26
     ])
     zeek_parsed = parse(split_lines(read_files(spark, sorted(zeek.iterdir())), "zeek"), "zeek")
     eve_parsed = parse(split_lines(read_files(spark, [eve / "eve.json"]), "suricata"), "suricata")
@@ -459,6 +470,8 @@ def test_zeek_tsv_malformations_are_quarantined_with_their_reason(corpus):
         19: None,
     }
     assert reasons(corpus["zeek"], "dns.noheader.log") == {1: "no #fields header"}
+    assert reasons(corpus["zeek"], "dns.bom.log") == {9: None}
+    assert reasons(corpus["zeek"], "dns.badsep.log")[9] is not None
     assert reasons(corpus["zeek"], "dhcp.log") == {9: OLD_DHCP}
     assert reasons(corpus["zeek"], "dhcp.old.json") == {1: OLD_DHCP}
     assert reasons(corpus["zeek"], "conn.icmp.log") == {9: None, 10: "bad orig_pkts value"}
@@ -517,8 +530,10 @@ def test_eve_malformations_are_quarantined_with_their_reason(corpus):
     bad = {line: reason for line, reason in got.items() if reason is not None}
     assert bad == {3: "invalid JSON", 4: "bad timestamp value", 5: "missing event_type", 6: "NUL byte",
                    7: "invalid UTF-8", 8: "bad src_port value", 9: "bad src_ip value",
-                   10: "bad alert.signature_id value", 12: "empty line", 13: "invalid JSON"}
-    assert len(got) == 22
+                   10: "bad alert.signature_id value", 12: "empty line", 13: "invalid JSON",
+                   23: "text after the JSON value (two records on one line?)", 24: "bad timestamp value",
+                   25: "bad flow.start value"}
+    assert len(got) == 26
 
 
 def test_eve_events_are_normalised(corpus):

@@ -99,6 +99,16 @@ def line_checks(raw: str, valid_utf8: str) -> list[tuple[str, str]]:
     ]
 
 
+def joined_json(raw: str) -> tuple[str, str]:
+    """Check: text after the line's JSON value, as when a lost newline joined two records
+    (`from_json` reads the first value and ignores the rest: the second record vanished). Only a
+    line with a `}` followed by something JSON never puts after one is parsed a second time."""
+    after_brace = r"'\\}\\s*[^\\s,}\\]]'"
+    return (f"({raw} RLIKE {after_brace} AND "
+            f"coalesce(size(from_json(concat('[', {raw}, ']'), 'array<string>')), 0) != 1)",
+            lit("text after the JSON value (two records on one line?)"))
+
+
 def bad(name: str, raw: str, typed: str) -> tuple[str, str]:
     """Check: the raw value is present but did not convert."""
     return f"({raw} IS NOT NULL AND {typed} IS NULL)", lit(f"bad {name} value")
@@ -115,11 +125,13 @@ def to_time(value: str) -> str:
 
     Epoch strings go through DECIMAL so microseconds survive exactly (a DOUBLE would not);
     ISO strings keep their offset (stored as UTC); strings without a zone are read in the
-    session zone (UTC in seclake); anything else is NULL.
+    session zone (UTC in seclake); anything else is NULL, a date without a time or a time without
+    a date included (Spark would read '15:59:46' as today).
     """
     return (f"CASE WHEN {value} RLIKE '^-?[0-9]+(\\\\.[0-9]*)?([eE][-+]?[0-9]+)?$' "
             f"THEN timestamp_micros(try_cast(try_cast({value} AS DECIMAL(20,6)) * 1000000 AS BIGINT)) "
-            f"ELSE try_to_timestamp({value}) END")
+            f"WHEN {value} RLIKE '^\\\\s*[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ][0-9]{{2}}:[0-9]{{2}}' "
+            f"THEN try_to_timestamp({value}) END")
 
 
 def to_date(ts: str) -> str:

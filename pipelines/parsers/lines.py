@@ -32,7 +32,11 @@ def split_lines(files: DataFrame, source: str) -> DataFrame:
     spec = get_source(source)
     # Splitting decodes the text, which turns invalid bytes into U+FFFD; so a U+FFFD in a line
     # of a file that is not valid UTF-8 marks a bad line (a valid file may hold a genuine one).
-    q = Query(["file", "text"]).stage(["file", "text"], _file_utf8="is_valid_utf8(text)")
+    # A byte-order mark (an editor's, Windows' tools') is not part of the first line: with it, a
+    # Zeek file's header block was not found and every line was quarantined.
+    q = (Query(["file", "text"])
+         .stage(["file"], text="CASE WHEN startswith(text, '\\uFEFF') THEN substr(text, 2) ELSE text END")
+         .stage(["file", "text"], _file_utf8="is_valid_utf8(text)"))
     if spec.header_blocks is not None:
         spec.header_blocks(q)
     else:

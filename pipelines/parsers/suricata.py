@@ -13,6 +13,7 @@ from pipelines.parsers.common import (
     bad,
     bad_time,
     first_error,
+    joined_json,
     line_checks,
     lit,
     to_mac,
@@ -108,6 +109,7 @@ def parse_eve(q: Query) -> Query:
     error = first_error(
         ("_pre IS NOT NULL", "_pre"),
         ("_no_json", lit("invalid JSON")),
+        joined_json("raw"),
         ("kind IS NULL", lit("missing event_type")),
         ("_ts IS NULL", lit("missing timestamp")),
         bad_time("timestamp", "_ts", "_time"),
@@ -148,7 +150,8 @@ def parse_eve(q: Query) -> Query:
         assigned_addr="nullif(_dhcp.assigned_ip, '0.0.0.0')",
         msg_types="CASE WHEN _dhcp.dhcp_type IS NOT NULL THEN array(upper(_dhcp.dhcp_type)) END",
         service="nullif(_app_proto, 'failed')",
-        duration="(unix_micros(_end) - unix_micros(_start)) / 1e6",
+        # try_: times far apart give NULL; the overflow of `-` failed the batch.
+        duration="try_subtract(unix_micros(_end), unix_micros(_start)) / 1e6",
         conn_state="_flow.state",
         app_proto="_app_proto",
         action="_alert.action",

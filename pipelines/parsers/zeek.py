@@ -14,6 +14,7 @@ from pipelines.parsers.common import (
     bad_time,
     file_stem,
     first_error,
+    joined_json,
     line_checks,
     lit,
     to_mac,
@@ -117,10 +118,12 @@ def parse_zeek(q: Query) -> Query:
         in_kinds = "kind IN (" + ", ".join(lit(k) for k in kinds) + ")"
         return [(f"{in_kinds} AND {cond}", reason) for cond, reason in (bad(f, _r(f), typed) for f, typed in pairs)]
 
+    joined = joined_json("raw")
     error = first_error(
         ("_pre IS NOT NULL", "_pre"),
         ("_tsv AND _no_header", lit("no #fields header")),
         ("NOT _tsv AND _no_json", lit("invalid JSON")),
+        (f"NOT _tsv AND {joined[0]}", joined[1]),
         ("kind = 'dhcp' AND _old_dhcp", lit(OLD_DHCP)),
         ("_tsv AND _nvals != _nfields",
          "format_string('wrong field count: %d values for %d #fields', _nvals, _nfields)"),
@@ -182,9 +185,11 @@ def header_blocks(q: Query) -> None:
             _before="coalesce(octet_length(_prefix) - octet_length(replace(_prefix, '\\n', '')) + 1, 0)",
             _sep_raw="CASE WHEN _block LIKE '#%' THEN regexp_extract(_block, '^#separator ([^\\r\\n]*)', 1) END",
             **lines)
-    # '#separator \x09' spells the separator as hex escapes; absent means tab.
+    # '#separator \x09' spells the separator as hex escapes; absent means tab. Only ASCII bytes are
+    # decoded (another byte is not UTF-8 on its own, and decode() would fail the batch): any other
+    # spelling is taken as written, so its lines do not split and are quarantined.
     q.stage("*", _sep="CASE WHEN coalesce(_sep_raw, '') = '' THEN '\\t' "
-                      "WHEN _sep_raw RLIKE '^(\\\\\\\\x[0-9a-fA-F]{2})+$' "
+                      "WHEN _sep_raw RLIKE '^(\\\\\\\\x[0-7][0-9a-fA-F])+$' "
                       "THEN decode(unhex(replace(_sep_raw, '\\\\x', '')), 'UTF-8') ELSE _sep_raw END")
 
     def value(name: str) -> str:
@@ -210,7 +215,8 @@ def separator_regex(sep: str) -> str:
 
     A tab stays a bare tab, which Java's String.split handles without a regex engine.
     """
-    return f"CASE WHEN {sep} = '\\t' THEN {sep} ELSE concat('\\\\Q', {sep}, '\\\\E') END"
+    return (f"CASE WHEN {sep} = '\\t' THEN {sep} "
+            f"ELSE concat('\\\\Q', replace({sep}, '\\\\E', '\\\\E\\\\\\\\E\\\\Q'), '\\\\E') END")  # Pattern.quote
 
 
 SOURCE = Source(
