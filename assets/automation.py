@@ -28,6 +28,8 @@ from assets.jobs import LAKE_JOBS, RUN_ONCE_JOB
 from assets.resources import LakeResource
 from pipelines import environment
 from pipelines.etl import unprocessed_files, visible_files
+from pipelines.home import Home
+from pipelines.operations.running import running_stream
 
 DEFAULT_CRON = "*/15 * * * *"
 ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -43,6 +45,16 @@ def active_lake_run(instance: DagsterInstance, besides: tuple[str, ...] = ()) ->
         if run.job_name in LAKE_JOBS or run.job_name.startswith("__ASSET_JOB"):
             return run.run_id
     return None
+
+
+def lake_writer(instance: DagsterInstance, home: Home) -> str | None:
+    """What writes the lake now and would refuse a run-once: a Dagster run (`run <id>`), or a
+    `seclake stream` started from the command line (`seclake stream (pid N)`); None when idle."""
+    run = active_lake_run(instance)
+    if run is not None:
+        return f"run {run}"
+    pid = running_stream(home)
+    return None if pid is None else f"seclake stream (pid {pid})"
 
 
 def file_versions(landing: Path) -> dict[str, str]:
@@ -95,10 +107,10 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     if not fresh:
         skip = SkipReason(f"no new files under {landing}")
         return SensorResult(skip_reason=skip, cursor=_cursor(current)) if not context.cursor else skip
-    busy = active_lake_run(context.instance)
+    busy = lake_writer(context.instance, lake.lake.home)
     if busy:
-        # Keep the cursor: the files are looked at again once that run has finished.
-        return SkipReason(f"{len(fresh)} new file(s) wait for run {busy} to finish")
+        # Keep the cursor: the files are looked at again once it has finished (a stream reads them itself).
+        return SkipReason(f"{len(fresh)} new file(s) wait for {busy} to finish")
     request = RunRequest(run_key=run_key_for(fresh),
                          tags={"seclake/trigger": "landing_sensor", "seclake/new_files": str(len(fresh))})
     # The cursor is what exists now, so files removed from landing/ (retention) drop out of it.
@@ -114,7 +126,8 @@ def _cursor(files: dict[str, str]) -> str:
         description="Shows the ETL's consumer lag on the sensors' Kafka topics ($SECLAKE_KAFKA) in each tick, "
                     "and requests a run of run_once_job when messages wait")
 def kafka_lag_sensor(context: SensorEvaluationContext, lake: LakeResource):
-    from pipelines.kafka.lag import consumer_lag
+    from pipelines.etl import KAFKA_QUERY_NAME
+    from pipelines.kafka.lag import committed_offsets, consumer_lag
 
     bootstrap = environment.kafka()
     if not bootstrap:
@@ -128,12 +141,24 @@ def kafka_lag_sensor(context: SensorEvaluationContext, lake: LakeResource):
     context.log.info(f"consumer lag {waiting:,}: {summary}")
     if not waiting:
         return SkipReason(f"consumer lag 0 ({len(lag)} partition(s) read to their end)")
-    busy = active_lake_run(context.instance)
+    busy = lake_writer(context.instance, lake.lake.home)
     if busy:
-        return SkipReason(f"consumer lag {waiting:,} ({summary}); waits for run {busy} to finish")
-    key = hashlib.sha256(json.dumps(lag, sort_keys=True).encode()).hexdigest()[:16]
+        return SkipReason(f"consumer lag {waiting:,} ({summary}); waits for {busy} to finish")
+    # The offsets the ETL committed are in the key: the same lag after a run that caught up is new
+    # messages, which a key of the lag alone made Dagster drop as a run already requested.
+    done = committed_offsets(lake.lake.home.checkpoint(KAFKA_QUERY_NAME))
+    key = hashlib.sha256(json.dumps([lag, sorted(f"{t}/{p}={o}" for (t, p), o in done.items())],
+                                    sort_keys=True).encode()).hexdigest()[:16]
     return SensorResult(run_requests=[RunRequest(run_key=f"kafka-{key}", tags={
         "seclake/trigger": "kafka_lag_sensor", "seclake/kafka_lag": str(waiting)})])
+
+
+def run_once_tick(instance: DagsterInstance, home: Home) -> RunRequest | SkipReason:
+    """A tick of `run_once_schedule`: a run of run_once_job, unless something writes the lake."""
+    busy = lake_writer(instance, home)
+    if busy:
+        return SkipReason(f"{busy} is still writing the lake")
+    return RunRequest(tags={"seclake/trigger": "run_once_schedule"})
 
 
 def run_once_schedule_def(cron: str | None = None) -> ScheduleDefinition:
@@ -147,16 +172,14 @@ def run_once_schedule_def(cron: str | None = None) -> ScheduleDefinition:
     """
     cron = cron or environment.run_once_cron() or DEFAULT_CRON
 
-    def run_once_schedule(context: ScheduleEvaluationContext):
-        busy = active_lake_run(context.instance)
-        if busy:
-            return SkipReason(f"run {busy} is still writing the lake")
-        return RunRequest(tags={"seclake/trigger": "run_once_schedule"})
+    def run_once_schedule(context: ScheduleEvaluationContext, lake: LakeResource):
+        return run_once_tick(context.instance, lake.lake.home)
 
     try:
         return schedule(name="run_once_schedule", cron_schedule=cron, job_name=RUN_ONCE_JOB, execution_timezone="UTC",
                         default_status=DefaultScheduleStatus.STOPPED,
-                        description=f"run_once_job on cron `{cron}` (UTC), skipped while another lake run is active",
+                        description=f"run_once_job on cron `{cron}` (UTC), skipped while another lake run or a "
+                                    "seclake stream is active",
                         )(run_once_schedule)
     except DagsterInvalidDefinitionError:
         # Dagster's own error names the schedule, not the setting the cron came from.

@@ -55,8 +55,8 @@ class ExpectationsConfig(Config):
 
 
 class QuarantineRatioConfig(Config):
-    max_ratio: float = Field(default_factory=max_quarantine_ratio,
-                             description="largest allowed quarantined / (good + quarantined) per source")
+    max_ratio: float = Field(default_factory=max_quarantine_ratio, ge=0, le=1, allow_inf_nan=False,
+                             description="largest allowed quarantined / (good + quarantined) per source, 0 to 1")
     window_hours: float | None = Field(default=QUARANTINE_WINDOW_HOURS, gt=0, le=MAX_DAYS * 24, allow_inf_nan=False,
                                        description=f"count lines ingested in the last N hours (above 0, at most "
                                                    f"{MAX_DAYS * 24}); None: all")

@@ -115,14 +115,16 @@ def stream_queries(context: OpExecutionContext, config: StreamConfig, spark: Spa
     for report in reports:
         context.log.info(report.line())
         _record_new_versions(context, report, versions, the_lake)
+    failed = [r for r in reports if r.error]
+    if failed:
+        # Before the termination below: the stream runs until terminated, so a stage that failed
+        # meanwhile would otherwise end the run "canceled", its error in no result.
+        raise Failure(description="streaming queries failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
+                      metadata={r.name: r.line() for r in reports})
     context.log.info(f"streams ran {time.monotonic() - started:.0f}s and stopped cleanly")
     if stop.is_set():
         # Stopped on a termination request: report the run as interrupted (Dagster marks it canceled).
         raise DagsterExecutionInterruptedError("streaming queries stopped cleanly on termination")
-    failed = [r for r in reports if r.error]
-    if failed:
-        raise Failure(description="streaming queries failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
-                      metadata={r.name: r.line() for r in reports})
 
 
 def _record_new_versions(context: OpExecutionContext, report, versions: dict[str, int], lake: Lake) -> None:

@@ -44,7 +44,14 @@ class SparkResource(ConfigurableResource):
 
     @property
     def session(self) -> SparkSession:
-        """The SparkSession of this run."""
+        """The SparkSession of this run; a Failure, not retried, once its Spark application stopped
+        (a retry in this run would only meet the same stopped application)."""
+        from pipelines.spark import context_stopped
+
+        if self._session is not None and context_stopped():
+            raise Failure(description="the run's Spark application stopped (the run's log above says why, e.g. "
+                                      "java.lang.OutOfMemoryError); what committed is kept: re-execute the run "
+                                      "to go on in a new one", allow_retries=False)
         if self._session is None:
             from pyspark import SparkContext
 

@@ -33,6 +33,7 @@ from pipelines.query import (
     stop_between_batches,
 )
 from pipelines.settings import READ_ONLY_BY, Settings
+from pipelines.spark import context_stopped
 from pipelines.stages import (
     StageError,
     idle,
@@ -163,11 +164,11 @@ def _run_wave(session: Callable[[], SparkSession], lake: Lake, settings: Setting
     stopped = [stage.name for stage, outcome in zip(wave, outcomes) if isinstance(outcome, BaseException)]
     if stopped:
         cause = next(o for o in outcomes if isinstance(o, BaseException))
-        if isinstance(cause, (ConnectionError, Py4JNetworkError)) or _context_stopped():
+        if isinstance(cause, (ConnectionError, Py4JNetworkError)) or context_stopped():
             raise _stopped_during(stopped) from cause
         raise cause
     reports = [o for o in outcomes if isinstance(o, QueryReport)]
-    if any(rep.error for rep in reports) and _context_stopped():
+    if any(rep.error for rep in reports) and context_stopped():
         # An OutOfMemoryError can also stop the SparkContext and leave the JVM up: every later
         # stage would fail with "No active or default Spark session found".
         raise _stopped_during([rep.name for rep in reports if rep.error])
@@ -195,19 +196,6 @@ def _stopped_during(stages: list[str]) -> RuntimeError:
     which = f"stage {stages[0]}" if len(stages) == 1 else f"stages {', '.join(stages)}"
     return RuntimeError(f"the Spark application stopped during {which} (its last lines above say why, e.g. "
                         "java.lang.OutOfMemoryError); what committed is kept, the next run resumes from there")
-
-
-def _context_stopped() -> bool:
-    """Whether this process's SparkContext is gone: stopped by Spark, or its JVM dead (False if none was made)."""
-    from pyspark import SparkContext
-
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        return False
-    try:
-        return bool(sc._jsc.sc().isStopped())
-    except (ConnectionError, Py4JNetworkError):
-        return True
 
 
 def _session_maker(spark: SparkSession | Callable[[], SparkSession]) -> Callable[[], SparkSession]:

@@ -177,6 +177,25 @@ def merged(settings: dict[str, str], more: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def context_stopped() -> bool:
+    """Whether this process's SparkContext is gone: stopped by Spark (an OutOfMemoryError can), or
+    its JVM dead; False when none was made.
+
+    >>> context_stopped()
+    False
+    """
+    from py4j.protocol import Py4JNetworkError
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return False
+    try:
+        return bool(sc._jsc.sc().isStopped())
+    except (ConnectionError, Py4JNetworkError):
+        return True
+
+
 def get_spark(master: str | None = None, app_name: str = "seclake", ui: bool = True,
               conf: dict[str, str] | None = None, ignore_ctrl_c: bool = False) -> SparkSession:
     """Build (or return the active) SparkSession with seclake's settings.

@@ -15,6 +15,7 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    RunRequest,
     SensorResult,
     SkipReason,
     build_sensor_context,
@@ -353,6 +354,26 @@ def test_landing_sensor_requests_one_run_per_new_set_of_files(tmp_path):
     instance.add_run(DagsterRun(job_name="run_once_job", run_id="a" * 36, status=DagsterRunStatus.STARTED))
     waiting = tick(second.cursor)
     assert isinstance(waiting, SkipReason) and "wait" in waiting.skip_message
+
+
+def test_the_landing_sensor_and_the_schedule_wait_while_a_command_line_stream_runs(tmp_path):
+    # Each new file started a run_once_job whose etl op failed at once ("a seclake stream ... is running").
+    from pipelines.operations.running import STREAM, writer_lock
+
+    home = Home.resolve(tmp_path / "home").create()
+    (home.landing / "zeek").mkdir(parents=True)
+    (home.landing / "zeek" / "conn.00.log").write_text("a\n")
+    instance = DagsterInstance.ephemeral()
+    lake = LakeResource(home=str(home.root))
+    sensor_ctx = build_sensor_context(cursor="{}", instance=instance, resources={"lake": lake})
+    with writer_lock(home, STREAM):
+        waiting = automation.landing_sensor(sensor_ctx)
+        skipped = automation.run_once_tick(instance, home)
+    idle = automation.run_once_tick(instance, home)
+    assert isinstance(waiting, SkipReason)
+    assert f"wait for seclake stream (pid {os.getpid()}) to finish" in waiting.skip_message
+    assert isinstance(skipped, SkipReason) and "seclake stream (pid" in skipped.skip_message
+    assert isinstance(idle, RunRequest)
 
 
 def test_landing_sensors_first_tick_counts_the_files_the_etl_committed_as_seen(tmp_path):
@@ -733,3 +754,31 @@ def test_maintenance_job_says_each_table_as_it_is_done(spark, tmp_path):
     assert result.success
     said = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith("quarantine")]
     assert len(said) == 1 and re.search(r" 3 files .* -> 1 files ", said[0]), said
+
+
+def test_a_run_whose_spark_application_stopped_fails_without_retries(spark, monkeypatch):
+    # After an OutOfMemoryError stopped the context, each of three retries (about 55 s of back-off)
+    # met the same stopped application, and so did every later step.
+    from dagster import Failure
+
+    from pipelines import spark as spark_module
+
+    resource = SparkResource(ui=False)
+    assert resource.session is spark  # the session already running in this process
+    monkeypatch.setattr(spark_module, "context_stopped", lambda: True)
+    with pytest.raises(Failure) as failure:
+        resource.session  # noqa: B018 - the property is what is tested
+    assert failure.value.allow_retries is False
+    assert "Spark application stopped" in failure.value.description
+
+
+@pytest.mark.parametrize("bad", [2, -0.1, float("nan")])
+def test_a_quarantine_ratio_outside_0_to_1_is_refused_by_the_config(bad):
+    # It was accepted, then refused inside the op: a raised error, not a check's result.
+    from pydantic import ValidationError
+
+    from assets.checks import QuarantineRatioConfig
+
+    with pytest.raises(ValidationError, match="max_ratio"):
+        QuarantineRatioConfig(max_ratio=bad)
+    assert QuarantineRatioConfig(max_ratio=0.5).max_ratio == 0.5
