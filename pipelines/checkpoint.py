@@ -151,6 +151,34 @@ def _source_entries(checkpoint: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return found
 
 
+def files_after(checkpoint: str | os.PathLike, batch: int) -> list[str]:
+    """The files the checkpoint's file sources planned into batches after query batch `batch` (what a
+    rewind to `batch` reads again), as the URIs Spark records; each source's log position at `batch`
+    is in that batch's offsets (`logOffset`, in the order of `sources/<n>`).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     log = Path(tmp, "sources", "0"); log.mkdir(parents=True); Path(tmp, "offsets").mkdir()
+    ...     _ = (log / "0").write_text('v1\\n{"path":"file:///l/a","timestamp":1,"batchId":0}')
+    ...     _ = (log / "1").write_text('v1\\n{"path":"file:///l/b","timestamp":2,"batchId":1}')
+    ...     _ = Path(tmp, "offsets", "5").write_text('v1\\n{"batchWatermarkMs":0}\\n{"logOffset":0}')
+    ...     files_after(tmp, 5)
+    ['file:///l/b']
+    """
+    ends = read_batch(checkpoint, batch).offsets
+    sources = sorted(numbered(as_path(checkpoint) / "sources").items())
+    found: list[str] = []
+    for (_, folder), end in zip(sources, ends):
+        last = int(end["logOffset"]) if isinstance(end, dict) and "logOffset" in end else None
+        if last is None:
+            continue
+        logs = numbered(folder)
+        start = max((n for n, path in logs.items() if path.name.endswith(".compact")), default=-1)
+        for number in sorted(n for n in logs if n >= start):
+            found += [e["path"] for e in _file_entries(logs[number]) if int(e["batchId"]) > last]
+    return sorted(set(found))
+
+
 def newest_source_files(checkpoint: str | os.PathLike) -> dict[str, float]:
     """The files of each file source's newest log batch (`sources/<n>/<b>`, or the `.compact` holding
     it) -> their modification time (seconds since the epoch), as the URIs Spark records.

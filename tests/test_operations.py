@@ -547,3 +547,67 @@ def test_retention_dry_run_counts_and_keeps(spark, tmp_path):
     assert steps["silver_dns"].removed == 0 and str(steps["silver_dns"].cutoff) == "2025-01-01"
     assert steps["landing"].removed == 0 and "(1 older but not yet processed" in steps["landing"].line(True)
     assert old.exists()
+
+
+def test_rolling_back_silver_dhcp_empties_the_dhcp_clock_a_stream_wrote(spark, tmp_path):
+    # The clock was kept: the rebuilt dhcp_leases read it first, its watermark stood at the clock's
+    # time, and the DHCP rows the ETL wrote again after the rollback were dropped as late.
+    from pipelines.dhcp_clock import CLOCK_APP_ID, DHCP_CLOCK
+    from pipelines.schemas import DHCP_CLOCK_SCHEMA
+
+    lake, _, _ = processed_home(spark, tmp_path)
+    # The ETL's last batch wrote DHCP too (as the bad deploy above wrote DNS), then the clock moved.
+    last = newest(lake.home.checkpoint("etl"), committed=True)
+    more = lake.read(spark, "silver_dhcp").limit(3).withColumn("event_id", F.concat(F.lit("x-"), "event_id"))
+    lake.sink("silver_dhcp", app_id="etl").write_batch(more, last)
+    at = datetime(2026, 11, 20, 1, tzinfo=timezone.utc)
+    clock = spark.createDataFrame([(at, {"zeek": at}, at)], DHCP_CLOCK_SCHEMA)
+    lake.sink(DHCP_CLOCK, app_id=CLOCK_APP_ID).write_batch(clock, int(at.timestamp() * 1000))
+    dhcp = sorted(c["version"] for c in commits(lake.path("silver_dhcp")) if c["app_id"] == "etl")
+    assert len(dhcp) >= 2, "a home whose silver_dhcp has one ETL commit: nothing to roll back"
+
+    plan = rollback(None, lake, "silver_dhcp", dhcp[0], cascade=True, dry_run=True)
+
+    [step] = [t for t in plan.tables if t.table == DHCP_CLOCK]
+    assert (step.target, step.txn) == (None, {CLOCK_APP_ID: -1}), step
+    assert "silver_dhcp changes" in "\n".join(plan.lines())
+
+
+def test_rolling_back_an_enriched_table_to_before_its_first_batch_keeps_the_other_writers_late_records(
+        spark, tmp_path):
+    # late_events went back to before enriched_conn's first record, and enriched_dns's records after
+    # it went with it, for good (enriched_dns is not reset: nothing writes them again).
+    from pipelines.schemas import LATE_EVENTS_SCHEMA
+
+    lake, _, _ = processed_home(spark, tmp_path)
+    rollback(spark, lake, "enriched_conn", None, cascade=True)  # its versions from here start with an empty one
+    emptied = max(c["version"] for c in commits(lake.path("enriched_conn")))
+    assert not any(r.error for r in run_once(spark, lake, SETTINGS))
+    at = datetime(2026, 11, 20, 1, tzinfo=timezone.utc)
+    for query in ("enriched_conn", "enriched_dns"):  # records as a batch that dropped rows appends them
+        lake.sink("late_events", app_id=query).write_batch(
+            spark.createDataFrame([(query, 1000, at, 3, at)], LATE_EVENTS_SCHEMA), 1000)
+
+    plan = plan_rollback(lake, "enriched_conn", emptied, cascade=True)
+
+    [step] = [t for t in plan.tables if t.table == "late_events"]
+    assert (step.target, step.txn) == (step.current, {"enriched_conn": -1}), step
+
+
+def test_a_rollback_that_would_read_again_a_landing_file_retention_removed_is_refused(spark, tmp_path):
+    # The rewind found the file gone: its rows, removed from the tables by the restore, were lost.
+    from urllib.parse import unquote
+
+    from pipelines.checkpoint import files_after
+
+    lake, _, _ = processed_home(spark, tmp_path, hours=1.5)  # two hourly DNS files
+    first = min(c["version"] for c in commits(lake.path("silver_dns")) if c["operation"] == "WRITE")
+    plan = plan_rollback(lake, "silver_dns", first, cascade=True)
+    [rewind] = [c for c in plan.checkpoints if c.stage == "etl" and c.rewind_to is not None]
+    read_again = files_after(lake.home.checkpoint("etl"), rewind.rewind_to)
+    assert read_again, "the rewind reads no file again: a vacuous check"
+    gone = Path(unquote(read_again[0].removeprefix("file://")))
+    gone.unlink()  # as retention does once the file is older than its cutoff and read
+
+    with pytest.raises(ValueError, match=rf"etl would read again 1 landing file\(s\) that are gone .*{gone.name}"):
+        plan_rollback(lake, "silver_dns", first, cascade=True)

@@ -47,7 +47,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.checkpoint import newest, numbered, read_batch
+from pipelines.checkpoint import files_after, newest, numbered, read_batch
+from pipelines.dhcp_clock import DHCP_CLOCK
 from pipelines.end_of_input import END_OF_INPUT
 from pipelines.lake.registry import Lake
 from pipelines.objectstore.path import remove_tree
@@ -285,6 +286,7 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
         return plan
     targets: dict[str, int | None] = {}
     emptied_by: dict[str, list[str]] = {}  # a table -> the stages whose reset empties it (late_events has four)
+    kept_txn: dict[str, dict[str, int]] = {}  # a shared log kept as it is -> the txn its rewound writer goes back to
     reasons: dict[str, str] = {}
     resets: dict[str, str] = {}  # stage -> why its checkpoint is deleted
     handled: set[str] = set()  # the stage whose steps the request itself decides
@@ -328,12 +330,19 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                              f"to a version before the batches to undo, with --cascade")
         else:
             for name in writer.writes:
-                if lake.exists(name):
-                    try:
-                        targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
-                    except ValueError as exc:
-                        raise ValueError(f"{name}: {exc}") from None
-                    reasons[name] = "requested" if name == table else f"{writer.name} batches <= {batch}"
+                if not lake.exists(name):
+                    continue
+                if name != table and any(name in s.writes for s in all_stages if s is not writer):
+                    # A log other stages append to too (late_events): a restore would drop their
+                    # records; only this writer's txn goes back, its undone batches' records stay.
+                    targets[name], kept_txn[name] = history(name)[-1]["version"], {writer.name: batch}
+                    reasons[name] = f"{writer.name} batches <= {batch}; the other writers' records stay"
+                    continue
+                try:
+                    targets[name] = version if name == table else _before_batch(history(name), writer.name, batch)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+                reasons[name] = "requested" if name == table else f"{writer.name} batches <= {batch}"
             if checkpoint.is_dir():
                 if batch < 0:
                     resets[writer.name] = f"nothing of {writer.name} is kept"
@@ -344,6 +353,14 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
                             f"{table} version {version} holds {writer.name}'s batches <= {batch}, but its checkpoint "
                             f"keeps batches {min(kept, default=0)}-{last} only (Spark keeps the last 100): roll back "
                             f"to a later version, or empty {table} and rebuild it from its inputs (--empty)")
+                    if gone := _gone_files(lake, files_after(checkpoint, batch)):
+                        # Retention removes landing files once read: the rewind would read them again,
+                        # find them gone, and their rows, removed from the tables, would be lost.
+                        raise ValueError(
+                            f"{table} version {version}: {writer.name} would read again {len(gone)} landing "
+                            f"file(s) that are gone (retention removes files already read): "
+                            f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}; put them back in "
+                            f"landing, or roll back to a later version")
                     plan.checkpoints.append(CheckpointStep(writer.name, checkpoint, batch,
                                                            f"{table} version {version} holds its batches <= {batch}"))
 
@@ -378,6 +395,13 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             elif reads and stage.name != END_OF_INPUT:  # its mark is read from statistics, not a stream
                 stale[stage.name] = reads
     moved = changed()
+    clock_kept = DHCP_CLOCK not in targets or targets[DHCP_CLOCK] is not None
+    if "silver_dhcp" in moved and lake.exists(DHCP_CLOCK) and clock_kept:
+        # The clock says how far silver_dhcp's DHCP has surely arrived: kept, it would stand past the
+        # rows the ETL writes again, and dhcp_leases, rebuilt, would drop them as late. The ETL writes
+        # it again as it goes (its own app id, `etl_clock`, reset with it).
+        targets[DHCP_CLOCK] = None
+        reasons[DHCP_CLOCK] = "silver_dhcp changes; the ETL writes the clock again"
     readers = [r for r in rules if any(t in moved for t in r.reads)]
     stale.update({r.name: [t for t in r.reads if t in moved] for r in readers if not cascade})
     if stale and table != ALERTS_TABLE:
@@ -401,7 +425,10 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
             resets.setdefault(folder.name, "a rule not in this rules folder; reset with the others")
     for name, target in targets.items():
         now = history(name)[-1]["version"]
-        txn = _txn_resets(history(name), target) if target != now else {}
+        try:
+            txn = _txn_resets(history(name), target) if target != now else kept_txn.get(name, {})
+        except ValueError as exc:  # its message names versions, not the table
+            raise ValueError(f"{name}: {exc}") from None
         if target is None and not any(c["rows_added"] for c in history(name)):
             # Never held a row: nothing to delete, but its writers' empty batches still hold txn
             # ids, and a replayed batch Delta skips is never computed (a stateful query then
@@ -413,6 +440,26 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
         if path.exists():
             plan.checkpoints.append(CheckpointStep(stage_name, path, None, why))
     return plan
+
+
+def _gone_files(lake: Lake, uris: list[str]) -> list[str]:
+    """The landing files of `uris` (as a file source records them) that are no longer there; a
+    file recorded under the folder a moved home had is looked for under this home's landing."""
+    from urllib.parse import unquote
+
+    from pipelines.objectstore.path import as_path
+    from pipelines.operations.relocate import moved_here
+
+    gone = []
+    for uri in uris:
+        if uri.startswith("file:"):
+            local = unquote(uri.removeprefix("file://"))
+            there = Path(moved_here(local, str(lake.home.landing)) or local)
+        else:
+            there = as_path(uri)
+        if not there.exists():
+            gone.append(uri)
+    return gone
 
 
 def apply_plan(spark: SparkSession, lake: Lake, plan: RollbackPlan,
