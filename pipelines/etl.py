@@ -23,7 +23,7 @@ from functools import partial, reduce
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
@@ -206,12 +206,23 @@ def kafka_files(spark: SparkSession, bootstrap: str, source: str, *, topics: str
     # A cast, like the line's: bytes that are not UTF-8 reach the parser (and the quarantine) instead
     # of failing the query at every restart, as decode() does.
     header = F.expr(f"CAST(get(filter(headers, h -> h.key = '{HEADER_ZEEK}'), 0).value AS STRING)")
-    line = F.col("value").cast("string")
     return reader.load().select(
         F.lit(source).alias("source"),
         F.format_string("kafka://%s/%d@%d", "topic", "partition", "offset").alias("file"),
-        F.concat(F.when(header.isNotNull(), F.concat(header, F.lit("\n"))).otherwise(F.lit("")),
-                 line, F.lit("\n")).alias("text"))
+        message_text(F.col("value").cast("string"), header).alias("text"))
+
+
+def message_text(line: Column, header: Column) -> Column:
+    """The text the parser reads for one Kafka message: its Zeek header block (when it has one),
+    its line, a newline. A line sent with its own newline gets no second one: the empty line after
+    it was a quarantine row of the same offset.
+
+    >>> rows = spark.createDataFrame([("a", None), ("b\\n", None), ("c\\r\\n", "#fields\\tts")], "v string, h string")
+    >>> [r.t for r in rows.select(message_text(F.col("v"), F.col("h")).alias("t")).collect()]
+    ['a\\n', 'b\\n', '#fields\\tts\\nc\\n']
+    """
+    return F.concat(F.when(header.isNotNull(), F.concat(header, F.lit("\n"))).otherwise(F.lit("")),
+                    F.regexp_replace(line, r"\r?\n\z", ""), F.lit("\n"))
 
 
 def kafka_lines(parsed: DataFrame) -> DataFrame:
