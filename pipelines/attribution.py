@@ -192,6 +192,8 @@ class IpLeases:
             self._close_due(m.ts + 1)
             if (held := self.open) is not None and held.valid_from <= m.ts:
                 self._split(held, m.ts + 1)
+            # For the same reason a later renewal's backfill starts after the mark, held or not.
+            self.last_end = max(self.last_end if self.last_end is not None else m.ts + 1, m.ts + 1)
             return
         held = self.open
         if m.kind == "inform" and held is not None and held.mac == m.mac:

@@ -242,6 +242,15 @@ def test_an_end_of_input_mark_cuts_just_after_itself_without_spark():
                         Message(10 * minute - 1, "mark", "mark", "")], until=12 * minute)
     assert [(s.valid_from, s.valid_to) for s in out] == [(0, 10 * minute)]
     assert book.open is not None and book.open.valid_from == 10 * minute
+    # An address nobody holds at the mark: a renewal after it backfills from just after the mark.
+    # From before it, the enriched joins (their watermark on the mark) dropped the piece as late, and
+    # the address's events between the mark and the renewal had no device.
+    book = IpLeases("10.1.0.41", segment_ms=10 * minute)
+    book.advance([Message(0, "1", "ack", "d", lease_time=60.0), Message(20 * minute, "mark", "mark", "")],
+                 until=20 * minute)
+    out = book.advance([Message(23 * minute, "2", "ack", "e", lease_time=600.0, renewal=True)], until=23 * minute)
+    assert [(s.mac, s.valid_from, s.valid_to, s.start_reason) for s in out] == [
+        ("e", 20 * minute + 1, 23 * minute, "backfill")]
 
 
 def test_a_finer_cut_changes_the_rows_not_the_holder_at_any_time():
