@@ -21,7 +21,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.resources import LakeResource, SparkResource
-from assets.tables import LAKE_POOL, table_key
+from assets.tables import LAKE_POOL, table_key, table_state
 from pipelines import jobs as pipeline_jobs
 from pipelines.lake.registry import Lake
 from pipelines.query import QueryReport
@@ -138,7 +138,8 @@ def _record_new_versions(context: OpExecutionContext, report, versions: dict[str
             asset_key=table_key(table),
             description=f"committed by streaming query {report.name}",
             metadata={"version": version, "rows_out_since_start": report.rows_out.get(table, 0),
-                      "stage": report.name, "mode": "stream", "path": str(lake.path(table))},
+                      "stage": report.name, "mode": "stream", "path": str(lake.path(table)),
+                      **table_state(lake, table)},
         ))
 
 

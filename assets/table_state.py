@@ -5,9 +5,9 @@ would say "Never materialized" about tables full of rows. Every 30 s this sensor
 table's log (delta-rs, no JVM, no Spark) and, for a table whose Delta version differs from the
 one its latest materialisation records, reports a materialisation (runless, attributed to the
 sensor) with the table's version, row count, last commit time and writer. A Dagster run's own
-materialisations already carry that state, so the sensor adds nothing for those tables; it does
-report what runs change without materialising (the state tables their ops keep, the tables
-maintenance and retention rewrite).
+materialisations already carry that state, so the sensor adds nothing for those tables, and waits
+while a run is active (`stream_job`'s reports carry it too); it does report what runs change
+without materialising (the state tables their ops keep, the tables maintenance and retention rewrite).
 """
 from dagster import (
     AssetMaterialization,
@@ -19,6 +19,8 @@ from dagster import (
     sensor,
 )
 
+from assets.automation import active_lake_run
+from assets.jobs import STREAM_JOB
 from assets.resources import LakeResource
 from assets.tables import table_key, table_state
 from pipelines.lake.registry import Lake
@@ -55,6 +57,11 @@ def changed_tables(lake: Lake, recorded: dict[str, int | None]) -> list[AssetMat
                     "materialisation records (written by seclake run-once, demo, stream, or by a run without "
                     "materialising it), with its version, row count and last commit")
 def table_state_sensor(context: SensorEvaluationContext, lake: LakeResource):
+    # A run records the tables it writes as it finishes each step: until then, its versions would be
+    # reported here too, as written by this sensor. `stream_job` never finishes; it records the state.
+    busy = active_lake_run(context.instance, besides=(STREAM_JOB,))
+    if busy:
+        return SkipReason(f"run {busy} writes the lake and records the tables it writes; looked at once it ends")
     keys = {table: table_key(table) for table in Lake.names()}
     latest = context.instance.get_latest_materialization_events(list(keys.values()))
     reports = changed_tables(lake.lake, {table: recorded_version(latest.get(key)) for table, key in keys.items()})

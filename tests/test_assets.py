@@ -782,3 +782,19 @@ def test_a_quarantine_ratio_outside_0_to_1_is_refused_by_the_config(bad):
     with pytest.raises(ValidationError, match="max_ratio"):
         QuarantineRatioConfig(max_ratio=bad)
     assert QuarantineRatioConfig(max_ratio=0.5).max_ratio == 0.5
+
+
+def test_table_state_sensor_waits_while_a_run_writes_the_lake(tmp_path):
+    # A tick during a run reported the versions the run had written but not yet recorded, as
+    # materialisations "written by table_state_sensor". stream_job, which never ends, records them itself.
+    from assets.table_state import table_state_sensor
+
+    home = Home.resolve(tmp_path / "home").create()
+    lake = LakeResource(home=str(home.root))
+    ticks = {}
+    for job in ("run_once_job", "stream_job"):
+        instance = DagsterInstance.ephemeral()
+        instance.add_run(DagsterRun(job_name=job, run_id=job[0] * 36, status=DagsterRunStatus.STARTED))
+        ticks[job] = table_state_sensor(build_sensor_context(instance=instance, resources={"lake": lake}))
+    assert f"run {'r' * 36} writes the lake" in ticks["run_once_job"].skip_message
+    assert ticks["stream_job"].skip_message == f"no table written in {home.root} yet"
