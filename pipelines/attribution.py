@@ -193,7 +193,7 @@ class IpLeases:
             if (held := self.open) is not None and held.valid_from <= m.ts:
                 self._split(held, m.ts + 1)
             # For the same reason a later renewal's backfill starts after the mark, held or not.
-            self.last_end = max(self.last_end if self.last_end is not None else m.ts + 1, m.ts + 1)
+            self.last_end = m.ts + 1 if self.last_end is None else max(self.last_end, m.ts + 1)
             return
         held = self.open
         if m.kind == "inform" and held is not None and held.mac == m.mac:
@@ -204,14 +204,13 @@ class IpLeases:
                 self._close(m.ts, m.kind)
             return
         # INFORM and lease-less ACKs are evidence of the binding without a term: the default lease.
-        termless = not (m.lease_time and m.lease_time > 0)
-        expires = m.ts + (self.default_lease_ms if termless else int(m.lease_time * 1000))  # type: ignore[operator]
-        lease_ms = expires - m.ts
-        hostname, lease_time = m.hostname, m.lease_time
+        term = m.lease_time if m.lease_time is not None and m.lease_time > 0 else None
+        lease_ms = self.default_lease_ms if term is None else int(term * 1000)
+        expires, hostname, lease_time = m.ts + lease_ms, m.hostname, m.lease_time
         if held is not None and held.mac == m.mac:
             start = "renew"
             hostname = hostname or held.hostname
-            if termless:  # confirms the holder's binding: never shortens the lease it was granted
+            if term is None:  # confirms the holder's binding: never shortens the lease it was granted
                 expires, lease_time = max(expires, held.expires), held.lease_time
             self._close(m.ts, "renew")
         elif held is not None:

@@ -142,13 +142,17 @@ def _source_entries(checkpoint: str | os.PathLike) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     sources = as_path(checkpoint) / "sources"
     for source in sources.iterdir() if sources.is_dir() else ():
-        files = numbered(source)
-        compacted = [n for n, path in files.items() if path.name.endswith(".compact")]
-        start = max(compacted, default=-1)
-        for number in sorted(n for n in files if n >= start):
-            for entry in _file_entries(files[number]):
-                found[entry["path"]] = entry
+        for entry in _log_entries(source):
+            found[entry["path"]] = entry
     return found
+
+
+def _log_entries(source: Path) -> list[dict[str, Any]]:
+    """One file source log's entries: its newest `<b>.compact` (it repeats all before it) and each
+    batch file after it."""
+    files = numbered(source)
+    start = max((n for n, path in files.items() if path.name.endswith(".compact")), default=-1)
+    return [entry for number in sorted(n for n in files if n >= start) for entry in _file_entries(files[number])]
 
 
 def files_after(checkpoint: str | os.PathLike, batch: int) -> list[str]:
@@ -167,16 +171,9 @@ def files_after(checkpoint: str | os.PathLike, batch: int) -> list[str]:
     """
     ends = read_batch(checkpoint, batch).offsets
     sources = sorted(numbered(as_path(checkpoint) / "sources").items())
-    found: list[str] = []
-    for (_, folder), end in zip(sources, ends):
-        last = int(end["logOffset"]) if isinstance(end, dict) and "logOffset" in end else None
-        if last is None:
-            continue
-        logs = numbered(folder)
-        start = max((n for n, path in logs.items() if path.name.endswith(".compact")), default=-1)
-        for number in sorted(n for n in logs if n >= start):
-            found += [e["path"] for e in _file_entries(logs[number]) if int(e["batchId"]) > last]
-    return sorted(set(found))
+    found = {entry["path"] for (_, folder), end in zip(sources, ends) if isinstance(end, dict) and "logOffset" in end
+             for entry in _log_entries(folder) if int(entry["batchId"]) > int(end["logOffset"])}
+    return sorted(found)
 
 
 def newest_source_files(checkpoint: str | os.PathLike) -> dict[str, float]:

@@ -108,7 +108,7 @@ def processed_files(lake: Lake) -> set[str]:
         # A file source's log numbers are not the query's batch ids (`newest_source_files`): the
         # planned batch's files are among each source's newest, which count once it commits.
         files -= newest_source_files(checkpoint).keys()
-    return {_local(uri) for uri in files}
+    return {local_path(uri) for uri in files}
 
 
 def changed_after_read(lake: Lake) -> list[str]:
@@ -128,16 +128,20 @@ def changed_after_read(lake: Lake) -> list[str]:
         if not uri.startswith("file:"):
             continue
         try:
-            modified_ms = int(os.stat(_local(uri)).st_mtime * 1000)
+            modified_ms = int(os.stat(local_path(uri)).st_mtime * 1000)
         except FileNotFoundError:  # removed by retention since
             continue
         if modified_ms > read_ms:
-            changed.append(_local(uri))
+            changed.append(local_path(uri))
     return sorted(changed)
 
 
-def _local(uri: str) -> str:
-    """A landing file's local path from the URI a file source records (`file:///l/a%20b` -> `/l/a b`)."""
+def local_path(uri: str) -> str:
+    """A landing file's local path from the URI a file source records.
+
+    >>> local_path("file:///l/a%20b")
+    '/l/a b'
+    """
     return unquote(urlparse(uri).path)
 
 
@@ -320,7 +324,7 @@ class EtlWriter:
         if self._clock is not None:
             files = newest_source_files(self.lake.home.checkpoint(QUERY_NAME))
             self._clock.committed(spark, survey.newest, survey.dhcp,
-                                  {_local(uri): t for uri, t in files.items() if uri.startswith("file:")})
+                                  {local_path(uri): t for uri, t in files.items() if uri.startswith("file:")})
         self.history.append(stats)
 
     def close(self) -> None:

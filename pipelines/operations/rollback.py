@@ -445,15 +445,14 @@ def plan_rollback(lake: Lake, table: str, version: int | None, cascade: bool = F
 def _gone_files(lake: Lake, uris: list[str]) -> list[str]:
     """The landing files of `uris` (as a file source records them) that are no longer there; a
     file recorded under the folder a moved home had is looked for under this home's landing."""
-    from urllib.parse import unquote
-
+    from pipelines.etl import local_path
     from pipelines.objectstore.path import as_path
     from pipelines.operations.relocate import moved_here
 
     gone = []
     for uri in uris:
         if uri.startswith("file:"):
-            local = unquote(uri.removeprefix("file://"))
+            local = local_path(uri)
             there = Path(moved_here(local, str(lake.home.landing)) or local)
         else:
             there = as_path(uri)
